@@ -1,0 +1,78 @@
+// Command sandboxd-agent runs inside every sandbox. It is a small static
+// binary bind-mounted read-only at /.sandboxd/agent.
+//
+//	sandboxd-agent init            PID 1 of the sandbox: reaps orphaned
+//	                               processes and exits on SIGTERM.
+//	sandboxd-agent exec -- ARGV... starts ARGV as the leader of a new session
+//	                               and process group, so a timeout can kill
+//	                               the whole group (runsc kill --pgid).
+package main
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		usage()
+	}
+	switch os.Args[1] {
+	case "init":
+		runInit()
+	case "exec":
+		args := os.Args[2:]
+		if len(args) > 0 && args[0] == "--" {
+			args = args[1:]
+		}
+		if len(args) == 0 {
+			usage()
+		}
+		runExec(args)
+	default:
+		usage()
+	}
+}
+
+func usage() {
+	fmt.Fprintln(os.Stderr, "usage: sandboxd-agent init | exec -- ARGV...")
+	os.Exit(2)
+}
+
+// runInit reaps every child (orphans are re-parented to PID 1) until SIGTERM.
+func runInit() {
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, syscall.SIGCHLD, syscall.SIGTERM, syscall.SIGINT)
+	for sig := range sigs {
+		if sig != syscall.SIGCHLD {
+			os.Exit(0)
+		}
+		for {
+			var ws syscall.WaitStatus
+			pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
+			if pid <= 0 || err != nil {
+				break
+			}
+		}
+	}
+}
+
+// runExec becomes a session and process-group leader, then replaces itself
+// with argv, keeping the PID that runsc reported.
+func runExec(args []string) {
+	if _, err := syscall.Setsid(); err != nil {
+		// Already a session leader: a new process group is enough.
+		_ = syscall.Setpgid(0, 0)
+	}
+	path, err := exec.LookPath(args[0])
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "sandboxd-agent: %s: command not found\n", args[0])
+		os.Exit(127)
+	}
+	err = syscall.Exec(path, args, os.Environ())
+	fmt.Fprintf(os.Stderr, "sandboxd-agent: exec %s: %v\n", args[0], err)
+	os.Exit(126)
+}

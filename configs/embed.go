@@ -1,0 +1,11 @@
+// Package configs holds sandboxd's built-in configuration as data: the
+// default config file, sandbox sizes and the default image recipe. The files
+// are embedded into the binary; nothing here is code that decides.
+package configs
+
+import "embed"
+
+// FS holds sandboxd.yaml, sizes.yaml and image/ (packages.txt, build.sh, setup.sh).
+//
+//go:embed sandboxd.yaml sizes.yaml image/packages.txt image/build.sh image/setup.sh
+var FS embed.FS

@@ -1,0 +1,37 @@
+#!/bin/bash
+# Builds the default sandbox root filesystem into $ROOTFS (an empty directory).
+# Inputs (environment): ROOTFS, MIRROR, SUITE, PACKAGES (space separated), SETUP (path to setup.sh).
+# Its text is part of the image's cache key. Needs root, debootstrap and network access to the mirror.
+set -euo pipefail
+: "${ROOTFS:?}" "${MIRROR:?}" "${SUITE:?}" "${PACKAGES:?}" "${SETUP:?}"
+
+mounted=()
+cleanup() {
+  for ((i=${#mounted[@]}-1; i>=0; i--)); do umount -l "${mounted[$i]}" 2>/dev/null || true; done
+}
+trap cleanup EXIT
+trap "exit 143" TERM INT
+
+echo "step 1/3: debootstrap $SUITE (minbase)"
+debootstrap --variant=minbase "$SUITE" "$ROOTFS" "$MIRROR"
+
+echo "step 2/3: apt-get install ($PACKAGES)"
+for fs in proc sys dev; do
+  mkdir -p "$ROOTFS/$fs"
+done
+mount -t proc proc "$ROOTFS/proc"; mounted+=("$ROOTFS/proc")
+mount --rbind /dev "$ROOTFS/dev"; mount --make-rslave "$ROOTFS/dev"; mounted+=("$ROOTFS/dev")
+# No daemon may start inside the build chroot.
+printf '#!/bin/sh\nexit 101\n' > "$ROOTFS/usr/sbin/policy-rc.d"; chmod 755 "$ROOTFS/usr/sbin/policy-rc.d"
+cp /etc/resolv.conf "$ROOTFS/etc/resolv.conf" 2>/dev/null || true
+export DEBIAN_FRONTEND=noninteractive LC_ALL=C
+chroot "$ROOTFS" apt-get update -q
+# shellcheck disable=SC2086
+chroot "$ROOTFS" apt-get install -y -q --no-install-recommends $PACKAGES
+
+echo "step 3/3: setup"
+cp "$SETUP" "$ROOTFS/tmp/setup.sh"
+chroot "$ROOTFS" /bin/sh /tmp/setup.sh
+rm -f "$ROOTFS/usr/sbin/policy-rc.d" "$ROOTFS/tmp/setup.sh"
+cleanup; mounted=()
+echo "done"

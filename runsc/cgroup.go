@@ -1,0 +1,153 @@
+package runsc
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// cgroupLayout knows where this process's cgroups live, so the sandboxes'
+// cgroups (runsc nests a relative cgroupsPath under the caller's own) can be
+// read and removed without touching anything else.
+type cgroupLayout struct {
+	v2     bool
+	dirs   []string // the server's own cgroup directory in each hierarchy
+	memory string   // the server's own memory cgroup directory
+}
+
+func loadCgroupLayout() (cgroupLayout, error) {
+	own := map[string]string{} // hierarchy controllers ("" for v2) -> path
+	f, err := os.Open("/proc/self/cgroup")
+	if err != nil {
+		return cgroupLayout{}, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		parts := strings.SplitN(sc.Text(), ":", 3)
+		if len(parts) == 3 {
+			own[parts[1]] = parts[2]
+		}
+	}
+	mi, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return cgroupLayout{}, err
+	}
+	defer mi.Close()
+	var l cgroupLayout
+	var v2dir string
+	sc = bufio.NewScanner(mi)
+	for sc.Scan() {
+		// id parent major:minor root mountpoint opts... - fstype source superopts
+		fields := strings.Fields(sc.Text())
+		sep := -1
+		for i, x := range fields {
+			if x == "-" {
+				sep = i
+				break
+			}
+		}
+		if sep < 0 || sep+3 >= len(fields)+1 || len(fields) < sep+3 {
+			continue
+		}
+		root, mnt, fstype := fields[3], fields[4], fields[sep+1]
+		switch fstype {
+		case "cgroup":
+			var opts []string
+			if sep+3 < len(fields) {
+				opts = strings.Split(fields[sep+3], ",")
+			}
+			for key, path := range own {
+				if key == "" {
+					continue
+				}
+				if sameControllers(strings.Split(key, ","), opts) {
+					dir := filepath.Join(mnt, strings.TrimPrefix(path, root))
+					l.dirs = append(l.dirs, dir)
+					for _, c := range strings.Split(key, ",") {
+						if c == "memory" {
+							l.memory = dir
+						}
+					}
+				}
+			}
+		case "cgroup2":
+			if path, ok := own[""]; ok {
+				v2dir = filepath.Join(mnt, strings.TrimPrefix(path, root))
+			}
+		}
+	}
+	if l.memory == "" {
+		if v2dir == "" {
+			return l, errors.New("no memory cgroup found")
+		}
+		l = cgroupLayout{v2: true, dirs: []string{v2dir}, memory: v2dir}
+	}
+	return l, nil
+}
+
+// sameControllers reports whether every controller of a /proc/self/cgroup
+// line appears in a cgroup mount's options ("name=systemd" included).
+func sameControllers(ctrls, opts []string) bool {
+	set := map[string]bool{}
+	for _, o := range opts {
+		set[o] = true
+	}
+	for _, c := range ctrls {
+		if !set[c] {
+			return false
+		}
+	}
+	return len(ctrls) > 0
+}
+
+// oomKills returns the sandbox cgroup's count of OOM kills (0 if unknown).
+func (l cgroupLayout) oomKills(name string) int64 {
+	file, key := "memory.oom_control", "oom_kill"
+	if l.v2 {
+		file = "memory.events"
+	}
+	b, err := os.ReadFile(filepath.Join(l.memory, name, file))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, key+" "); ok {
+			n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			return n
+		}
+	}
+	return 0
+}
+
+// remove deletes the sandbox's (empty) cgroup directories that runsc left.
+func (l cgroupLayout) remove(name string) error {
+	var errs []error
+	for _, d := range l.dirs {
+		if err := os.Remove(filepath.Join(d, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("remove cgroup: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// list returns the names of child cgroups starting with prefix.
+func (l cgroupLayout) list(prefix string) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, d := range l.dirs {
+		ents, _ := os.ReadDir(d)
+		for _, e := range ents {
+			if e.IsDir() && strings.HasPrefix(e.Name(), prefix) && !seen[e.Name()] {
+				seen[e.Name()] = true
+				out = append(out, e.Name())
+			}
+		}
+	}
+	return out
+}

@@ -1,0 +1,170 @@
+package runsc
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// A sandbox's disk is a sparse ext4 image (disk.img, DiskMiB large) mounted
+// at disk/. It holds the writable layer of the root filesystem (upper/,
+// work/), /tmp and /workspace, so writing past its size fails with ENOSPC
+// inside the sandbox and the host is unaffected. The root filesystem the
+// sandbox sees is a host overlay (rootfs/) of the shared read-only image and
+// disk/upper; runsc runs with --overlay2=none so every write reaches the disk.
+// Teardown keeps disk.img: the whole writable state survives.
+
+func (r *Runtime) paths(id string) sandboxPaths {
+	d := r.dir(id)
+	return sandboxPaths{
+		Rootfs:    filepath.Join(d, "rootfs"),
+		Workspace: filepath.Join(d, "disk", "workspace"),
+		Tmp:       filepath.Join(d, "disk", "tmp"),
+		Agent:     r.cfg.Agent,
+		Netns:     netnsPath(id),
+	}
+}
+
+// mountDisk creates the disk image if it does not exist yet, mounts it and
+// the root overlay. It returns whether the image was new.
+func (r *Runtime) mountDisk(id, image string, diskMiB int64) (created bool, err error) {
+	d := r.dir(id)
+	img := filepath.Join(d, "disk.img")
+	if strings.ContainsAny(image, ",:") {
+		return false, fmt.Errorf("image path %q not usable as overlay lower dir", image)
+	}
+	if _, err := os.Stat(img); errors.Is(err, fs.ErrNotExist) {
+		if err := makeDisk(img, diskMiB); err != nil {
+			os.Remove(img)
+			return false, err
+		}
+		created = true
+	}
+	mnt := filepath.Join(d, "disk")
+	rootfs := filepath.Join(d, "rootfs")
+	for _, p := range []string{mnt, rootfs} {
+		if err := os.MkdirAll(p, 0o700); err != nil {
+			return created, err
+		}
+	}
+	// mount(8) sets up the loop device with autoclear, so unmounting frees it.
+	if out, err := exec.Command("mount", "-t", "ext4", "-o", "loop,nosuid,nodev", img, mnt).CombinedOutput(); err != nil {
+		return created, fmt.Errorf("mount disk: %v: %s", err, strings.TrimSpace(string(out)))
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			unmount(rootfs)
+			unmount(mnt)
+		}
+	}()
+	for _, dir := range []struct {
+		name string
+		mode os.FileMode
+		uid  int
+	}{{"upper", 0o755, 0}, {"work", 0o700, 0}, {"tmp", 0o1777, 0}, {"workspace", 0o755, UserUID}} {
+		p := filepath.Join(mnt, dir.name)
+		if err := os.Mkdir(p, dir.mode); err != nil {
+			if errors.Is(err, fs.ErrExist) {
+				continue
+			}
+			return created, fmt.Errorf("disk layout: %w", err)
+		}
+		if err := os.Chmod(p, dir.mode); err != nil {
+			return created, err
+		}
+		if err := os.Chown(p, dir.uid, dir.uid); err != nil {
+			return created, err
+		}
+	}
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", image, filepath.Join(mnt, "upper"), filepath.Join(mnt, "work"))
+	if err := unix.Mount("overlay", rootfs, "overlay", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+		return created, fmt.Errorf("mount root overlay: %w", err)
+	}
+	ok = true
+	return created, nil
+}
+
+func makeDisk(img string, diskMiB int64) error {
+	f, err := os.OpenFile(img, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return fmt.Errorf("create disk: %w", err)
+	}
+	err = f.Truncate(diskMiB << 20)
+	f.Close()
+	if err != nil {
+		return fmt.Errorf("size disk: %w", err)
+	}
+	out, err := exec.Command("mkfs.ext4", "-q", "-F", "-m", "0", "-E", "lazy_itable_init=1,lazy_journal_init=1", img).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("mkfs disk: %v: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// unmountDisk unmounts the root overlay and the disk. It fails (and the
+// caller must not delete anything) if either is still mounted.
+func (r *Runtime) unmountDisk(id string) error {
+	d := r.dir(id)
+	return errors.Join(unmount(filepath.Join(d, "rootfs")), unmount(filepath.Join(d, "disk")))
+}
+
+func unmount(p string) error {
+	for i := 0; i < 2; i++ {
+		err := unix.Unmount(p, 0)
+		switch {
+		case err == nil:
+			continue // stacked mounts: unmount until none is left
+		case errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOENT):
+			return nil // not a mount point (any more)
+		case errors.Is(err, unix.EBUSY):
+			if err := unix.Unmount(p, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
+				return fmt.Errorf("unmount: %w", err)
+			}
+			return nil
+		default:
+			return fmt.Errorf("unmount: %w", err)
+		}
+	}
+	if isMountPoint(p) {
+		return fmt.Errorf("unmount %s: still mounted", filepath.Base(p))
+	}
+	return nil
+}
+
+// isMountPoint reports whether p appears as a mount point in mountinfo.
+func isMountPoint(p string) bool {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && f[4] == p {
+			return true
+		}
+	}
+	return false
+}
+
+// mountsUnder lists mount points below dir (for collecting leftovers).
+func mountsUnder(dir string) []string {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
+			out = append(out, f[4])
+		}
+	}
+	return out
+}

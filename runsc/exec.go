@@ -1,0 +1,254 @@
+package runsc
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// ExecRequest is one command to run in a sandbox as the unprivileged user.
+type ExecRequest struct {
+	Args    []string
+	Env     []string // KEY=VALUE; passed in a 0600 file, never on argv
+	Cwd     string   // absolute path inside the sandbox
+	Stdin   io.Reader
+	Stdout  io.Writer
+	Stderr  io.Writer
+	Timeout time.Duration // 0: none; on expiry the whole process group is killed
+}
+
+// ExecResult is how a command ended.
+type ExecResult struct {
+	ExitCode int
+	TimedOut bool // killed by Timeout; ExitCode is 124
+	OOM      bool // the sandbox hit its memory limit meanwhile; ExitCode is 137
+	Died     bool // the sandbox itself is gone (OOM, killed)
+	Duration time.Duration
+}
+
+// ErrBadCwd is returned when the working directory does not exist or is not
+// accessible to the user.
+var ErrBadCwd = errors.New("working directory does not exist or is not accessible")
+
+// ErrNotRunning is returned when the sandbox cannot run commands.
+var ErrNotRunning = errors.New("sandbox is not running")
+
+// runsc's own failure to start a process is reported on the process's
+// stderr with this prefix and exit status 128.
+const execStartFailure = "executing processes for container:"
+
+// Exec runs a command with runsc exec and waits for it. stdout and stderr
+// are written by the sandbox straight into pipes read here.
+func (r *Runtime) Exec(ctx context.Context, id string, req ExecRequest) (ExecResult, error) {
+	start := time.Now()
+	oomBefore := r.cg.oomKills(id)
+	xdir := filepath.Join(r.dir(id), "exec")
+	if err := os.MkdirAll(xdir, 0o700); err != nil {
+		return ExecResult{}, err
+	}
+	var rnd [8]byte
+	rand.Read(rnd[:])
+	base := filepath.Join(xdir, hex.EncodeToString(rnd[:]))
+	procFile, pidFile := base+".json", base+".pid"
+	defer os.Remove(procFile)
+	defer os.Remove(pidFile)
+	b, err := json.Marshal(UserProcess(req.Args, req.Env, req.Cwd))
+	if err != nil {
+		return ExecResult{}, err
+	}
+	if err := os.WriteFile(procFile, b, 0o600); err != nil {
+		return ExecResult{}, err
+	}
+
+	args := append(r.globalArgs(), "exec", "--process", procFile, "--internal-pid-file", pidFile, id)
+	cmd := exec.Command(r.cfg.Binary, args...)
+	if req.Stdin != nil {
+		cmd.Stdin = req.Stdin
+	} // nil: /dev/null, so a command reading stdin sees EOF at once
+	// stderr is inspected for runsc's own start failure before passing on.
+	errTap := &headTap{w: req.Stderr, limit: 512}
+	cmd.Stdout, cmd.Stderr = orDiscard(req.Stdout), errTap
+	// Background processes inside may keep the pipes open after the command
+	// exits; stop reading shortly after it does.
+	cmd.WaitDelay = 250 * time.Millisecond
+	if err := cmd.Start(); err != nil {
+		return ExecResult{}, fmt.Errorf("runsc exec: %w", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+
+	var timer <-chan time.Time
+	if req.Timeout > 0 {
+		t := time.NewTimer(req.Timeout)
+		defer t.Stop()
+		timer = t.C
+	}
+	res := ExecResult{}
+	var waitErr error
+	select {
+	case waitErr = <-done:
+	case <-timer:
+		res.TimedOut = true
+		r.killGroup(id, pidFile)
+		waitErr = waitOrKill(cmd, done)
+	case <-ctx.Done():
+		r.killGroup(id, pidFile)
+		waitErr = waitOrKill(cmd, done)
+	}
+	res.Duration = time.Since(start)
+	res.ExitCode = exitCode(waitErr)
+	if res.ExitCode < 0 {
+		return res, fmt.Errorf("runsc exec: %w", waitErr)
+	}
+	if res.ExitCode == 128 && errTap.startsWith(execStartFailure) {
+		msg := errTap.head.String()
+		switch {
+		case strings.Contains(msg, "working directory"), strings.Contains(msg, "try again"):
+			return res, ErrBadCwd
+		case strings.Contains(msg, "connecting to control server"), strings.Contains(msg, "urpc"):
+			return res, ErrNotRunning
+		}
+		return res, fmt.Errorf("runsc exec: %s", strings.TrimSpace(msg))
+	}
+	if n := r.cg.oomKills(id); n > oomBefore {
+		res.OOM, res.ExitCode = true, 137
+	}
+	if res.ExitCode == 128 && (res.OOM || !r.alive(id)) {
+		res.Died, res.ExitCode = true, 137
+	}
+	if res.TimedOut {
+		res.ExitCode = 124
+	}
+	errTap.finish(res.Died)
+	return res, nil
+}
+
+func orDiscard(w io.Writer) io.Writer {
+	if w == nil {
+		return io.Discard
+	}
+	return w
+}
+
+// alive reports whether the sandbox process still exists.
+func (r *Runtime) alive(id string) bool {
+	st, err := r.Inspect(context.Background(), id)
+	return err == nil && st.Status == StatusRunning
+}
+
+// killGroup kills the command's whole process group inside the sandbox
+// (runsc exec makes each command a session and group leader).
+func (r *Runtime) killGroup(id, pidFile string) {
+	var pid int
+	for i := 0; i < 50; i++ { // the pid file appears once the process started
+		if b, err := os.ReadFile(pidFile); err == nil {
+			if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && n > 0 {
+				pid = n
+				break
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if pid == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := r.run(ctx, "kill", "--pgid", strconv.Itoa(pid), id, "KILL"); err != nil {
+		r.log.Warn("kill process group", "id", id, "err", err)
+	}
+}
+
+// waitOrKill waits for runsc exec to return after the group was killed, and
+// kills runsc exec itself if it does not.
+func waitOrKill(cmd *exec.Cmd, done chan error) error {
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(5 * time.Second):
+		cmd.Process.Kill()
+		return <-done
+	}
+}
+
+func exitCode(err error) int {
+	if err == nil {
+		return 0
+	}
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		if ee.ExitCode() >= 0 {
+			return ee.ExitCode()
+		}
+		return 128 + 9
+	}
+	if errors.Is(err, exec.ErrWaitDelay) {
+		return 0
+	}
+	return -1
+}
+
+// headTap passes stderr through to w, keeps its first limit bytes, and holds
+// back its last line until finish: when the sandbox dies under a command,
+// runsc appends its own error line there, which is not the command's output.
+type headTap struct {
+	mu    sync.Mutex
+	w     io.Writer
+	limit int
+	head  bytes.Buffer
+	last  []byte // bytes since (and including) the last complete line
+}
+
+const maxHeld = 4096
+
+func (h *headTap) Write(p []byte) (int, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if room := h.limit - h.head.Len(); room > 0 {
+		h.head.Write(p[:min(room, len(p))])
+	}
+	h.last = append(h.last, p...)
+	// Keep only the final line (with its newline) and anything after it.
+	cut := bytes.LastIndexByte(h.last[:max(len(h.last)-1, 0)], '\n') + 1
+	if len(h.last)-cut > maxHeld {
+		cut = len(h.last)
+	}
+	if cut > 0 {
+		if _, err := orDiscard(h.w).Write(h.last[:cut]); err != nil {
+			return 0, err
+		}
+		h.last = append(h.last[:0], h.last[cut:]...)
+	}
+	return len(p), nil
+}
+
+// finish releases the held line, unless it is runsc's own report of a
+// sandbox that went away.
+func (h *headTap) finish(died bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if died && bytes.Contains(h.last, []byte("waiting on pid")) {
+		h.last = nil
+		return
+	}
+	orDiscard(h.w).Write(h.last)
+	h.last = nil
+}
+
+func (h *headTap) startsWith(s string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return strings.HasPrefix(h.head.String(), s)
+}

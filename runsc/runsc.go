@@ -1,0 +1,150 @@
+// Package runsc drives gVisor sandboxes: one runsc container per session,
+// with its own OCI bundle, disk (a loop-mounted ext4 image holding the
+// writable root layer and /workspace), network namespace and cgroups nested
+// under the server's own.
+//
+// Every resource a Runtime makes carries its Prefix (container ids, netns
+// names, cgroup names, mount points under StateDir), so leftovers of a crashed
+// server can be found and collected by Collect.
+//
+// Concurrency: a Runtime is safe for concurrent use on different sandbox ids;
+// callers serialize operations on the same id.
+package runsc
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// Config locates runsc and the state a Runtime keeps.
+type Config struct {
+	// Binary is the absolute path of runsc (built from the pinned module).
+	Binary string
+	// StateDir holds runsc's state root and one directory per sandbox.
+	StateDir string
+	// Agent is the absolute path of the static sandboxd-agent binary,
+	// bind-mounted read-only into every sandbox as its init.
+	Agent string
+	// Prefix starts every container id, netns and cgroup name (e.g. "sbx-1a2b3c").
+	Prefix string
+	// Platform is runsc's --platform (default systrap).
+	Platform string
+	// Debug writes runsc debug logs under each sandbox's logs/ directory.
+	Debug bool
+	// Logger receives component logs; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// Runtime creates, inspects and destroys sandboxes.
+type Runtime struct {
+	cfg Config
+	log *slog.Logger
+	cg  cgroupLayout
+}
+
+// ErrNotFound is returned for a sandbox runsc does not know.
+var ErrNotFound = errors.New("sandbox not found")
+
+// New checks the configuration and prepares the state directories.
+func New(cfg Config) (*Runtime, error) {
+	if !filepath.IsAbs(cfg.Binary) {
+		return nil, fmt.Errorf("runsc binary must be an absolute path")
+	}
+	if _, err := os.Stat(cfg.Binary); err != nil {
+		return nil, fmt.Errorf("runsc binary: %w", err)
+	}
+	if !filepath.IsAbs(cfg.Agent) {
+		return nil, fmt.Errorf("agent binary must be an absolute path")
+	}
+	if _, err := os.Stat(cfg.Agent); err != nil {
+		return nil, fmt.Errorf("agent binary: %w", err)
+	}
+	if cfg.Prefix == "" || strings.ContainsAny(cfg.Prefix, "/ \t\n") {
+		return nil, fmt.Errorf("invalid resource prefix %q", cfg.Prefix)
+	}
+	if cfg.Platform == "" {
+		cfg.Platform = "systrap"
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	for _, d := range []string{cfg.StateDir, filepath.Join(cfg.StateDir, "runsc"), filepath.Join(cfg.StateDir, "sandboxes")} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("state dir: %w", err)
+		}
+	}
+	cg, err := loadCgroupLayout()
+	if err != nil {
+		return nil, fmt.Errorf("cgroups: %w", err)
+	}
+	return &Runtime{cfg: cfg, log: cfg.Logger.With("component", "runsc"), cg: cg}, nil
+}
+
+// ContainerID derives the fixed-length runsc container id of a session. A
+// client's session id is never used directly: runsc resolves ids by prefix,
+// and equal-length ids cannot prefix each other.
+func (r *Runtime) ContainerID(orgID, sessionID string) string {
+	sum := sha256.Sum256([]byte(orgID + "\x00" + sessionID))
+	return r.cfg.Prefix + "-" + hex.EncodeToString(sum[:8])
+}
+
+// Owns reports whether id was made by this Runtime's prefix.
+func (r *Runtime) Owns(id string) bool {
+	return strings.HasPrefix(id, r.cfg.Prefix+"-") && len(id) == len(r.cfg.Prefix)+17
+}
+
+func (r *Runtime) dir(id string) string { return filepath.Join(r.cfg.StateDir, "sandboxes", id) }
+
+// WorkspaceDir is the host directory that backs /workspace while the
+// sandbox's disk is mounted.
+func (r *Runtime) WorkspaceDir(id string) string {
+	return filepath.Join(r.dir(id), "disk", "workspace")
+}
+
+// globalArgs are the runsc flags every invocation shares.
+func (r *Runtime) globalArgs() []string {
+	return []string{"--root", filepath.Join(r.cfg.StateDir, "runsc")}
+}
+
+// run executes a short runsc command and returns its stdout. runsc's stderr
+// goes into the returned error for the server's log only: it may hold paths
+// and argv, so callers never pass it to a client.
+func (r *Runtime) run(ctx context.Context, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, r.cfg.Binary, append(r.globalArgs(), args...)...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	cmd.WaitDelay = 2 * time.Second
+	if err := cmd.Run(); err != nil {
+		msg := strings.TrimSpace(errb.String())
+		if i := strings.LastIndexByte(msg, '\n'); i >= 0 {
+			msg = msg[i+1:]
+		}
+		return out.Bytes(), &runscError{op: args[0], msg: msg, err: err}
+	}
+	return out.Bytes(), nil
+}
+
+// runscError keeps runsc's own message for logs; Error() is safe to log,
+// never to send to a client.
+type runscError struct {
+	op, msg string
+	err     error
+}
+
+func (e *runscError) Error() string { return fmt.Sprintf("runsc %s: %v: %s", e.op, e.err, e.msg) }
+func (e *runscError) Unwrap() error { return e.err }
+
+func (e *runscError) notFound() bool {
+	return strings.Contains(e.msg, "does not exist") || strings.Contains(e.msg, "not found") ||
+		strings.Contains(e.msg, "no such file")
+}

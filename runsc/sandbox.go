@@ -1,0 +1,305 @@
+package runsc
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Status of a sandbox as the runtime sees it.
+type Status string
+
+const (
+	StatusRunning Status = "running"
+	StatusCreated Status = "created"
+	StatusStopped Status = "stopped" // not running: exited, killed, OOM or gone
+	StatusMissing Status = "missing" // runsc does not know the id
+)
+
+// State is what Inspect reports.
+type State struct {
+	ID       string
+	Status   Status
+	Pid      int   // host pid of the sandbox process (0 if none)
+	OOMKills int64 // OOM kills recorded by the sandbox's memory cgroup
+}
+
+// undoStack runs registered undo steps in reverse order unless disarmed.
+type undoStack []func()
+
+func (u *undoStack) push(f func()) { *u = append(*u, f) }
+func (u *undoStack) run() {
+	for i := len(*u) - 1; i >= 0; i-- {
+		(*u)[i]()
+	}
+}
+
+// Create provisions and starts a sandbox. It is transactional: on any error
+// every step already taken is undone (disk, mounts, netns, bundle, runsc
+// container, cgroups) and nothing is left behind. An existing disk.img (from
+// a teardown) is reused, so its files come back.
+func (r *Runtime) Create(ctx context.Context, sb Sandbox) (err error) {
+	if !r.Owns(sb.ID) {
+		return fmt.Errorf("container id %q not made by this runtime", sb.ID)
+	}
+	if err := sb.Limits.validate(); err != nil {
+		return err
+	}
+	var undo undoStack
+	defer func() {
+		if err != nil {
+			undo.run()
+		}
+	}()
+	d := r.dir(sb.ID)
+	_, statErr := os.Stat(filepath.Join(d, "disk.img"))
+	hadDisk := statErr == nil
+	if err := os.MkdirAll(filepath.Join(d, "logs"), 0o700); err != nil {
+		return fmt.Errorf("sandbox dir: %w", err)
+	}
+	undo.push(func() {
+		if hadDisk {
+			os.RemoveAll(filepath.Join(d, "logs"))
+			os.Remove(filepath.Join(d, "config.json"))
+			return
+		}
+		if !isMountPoint(filepath.Join(d, "disk")) {
+			os.RemoveAll(d)
+		}
+	})
+	if _, err := r.mountDisk(sb.ID, sb.Image, sb.Limits.DiskMiB); err != nil {
+		return err
+	}
+	undo.push(func() { r.unmountDisk(sb.ID) })
+
+	if err := createNetns(sb.ID); err != nil {
+		return err
+	}
+	undo.push(func() { deleteNetns(sb.ID) })
+
+	spec := BuildSpec(sb, r.paths(sb.ID), sb.ID)
+	b, err := json.MarshalIndent(spec, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(d, "config.json"), b, 0o600); err != nil {
+		return fmt.Errorf("write bundle: %w", err)
+	}
+
+	undo.push(func() {
+		dctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		r.run(dctx, "delete", "--force", sb.ID)
+		r.cg.remove(sb.ID)
+	})
+	if err := r.create(ctx, sb.ID); err != nil {
+		return err
+	}
+	if _, err := r.run(ctx, "start", sb.ID); err != nil {
+		return fmt.Errorf("start: %w", err)
+	}
+	return nil
+}
+
+// create runs `runsc create`. Its stdio becomes the sandbox init's stdio, so
+// it goes to a log file, never to a pipe that would outlive the command; and
+// the sandbox starts in its own session so that stopping the server (or a
+// Ctrl-C in its terminal) does not reach it.
+func (r *Runtime) create(ctx context.Context, id string) error {
+	d := r.dir(id)
+	logf, err := os.OpenFile(filepath.Join(d, "logs", "init.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	args := append(r.globalArgs(),
+		"--platform", r.cfg.Platform,
+		"--network", "sandbox",
+		"--overlay2", "none",
+	)
+	if r.cfg.Debug {
+		args = append(args, "--debug", "--debug-log", filepath.Join(d, "logs")+"/")
+	}
+	args = append(args, "create", "--bundle", d, "--pid-file", filepath.Join(d, "sandbox.pid"), id)
+	cmd := exec.CommandContext(ctx, r.cfg.Binary, args...)
+	cmd.Dir = d
+	cmd.Stdin = nil
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Run(); err != nil {
+		return &runscError{op: "create", msg: lastLine(filepath.Join(d, "logs", "init.log")), err: err}
+	}
+	return nil
+}
+
+func lastLine(path string) string {
+	b, _ := os.ReadFile(path)
+	s := strings.TrimSpace(string(b))
+	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
+		s = s[i+1:]
+	}
+	return s
+}
+
+// Destroy stops and removes a sandbox. It is idempotent and keeps going after
+// a failed step; keepDisk keeps disk.img (the sandbox's writable state) for a
+// later Create with the same id.
+func (r *Runtime) Destroy(ctx context.Context, id string, keepDisk bool) error {
+	if !r.Owns(id) {
+		return fmt.Errorf("container id %q not made by this runtime", id)
+	}
+	var errs []error
+	if _, err := r.run(ctx, "delete", "--force", id); err != nil {
+		var re *runscError
+		if !(errors.As(err, &re) && re.notFound()) {
+			// The sandbox process may be gone while runsc's state remains
+			// (e.g. after an OOM kill): kill what is left, then retry.
+			r.killSandboxProcess(id)
+			if _, err2 := r.run(ctx, "delete", "--force", id); err2 != nil && !(errors.As(err2, &re) && re.notFound()) {
+				errs = append(errs, err2)
+			}
+		}
+	}
+	if err := r.cg.remove(id); err != nil {
+		errs = append(errs, err)
+	}
+	if err := deleteNetns(id); err != nil {
+		errs = append(errs, err)
+	}
+	d := r.dir(id)
+	if err := r.unmountDisk(id); err != nil {
+		errs = append(errs, err)
+		return errors.Join(errs...) // never delete through a live mount
+	}
+	if keepDisk {
+		for _, name := range []string{"config.json", "sandbox.pid", "rootfs", "disk", "exec"} {
+			p := filepath.Join(d, name)
+			if err := os.RemoveAll(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				errs = append(errs, err)
+			}
+		}
+	} else if err := os.RemoveAll(d); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+func (r *Runtime) killSandboxProcess(id string) {
+	b, err := os.ReadFile(filepath.Join(r.dir(id), "sandbox.pid"))
+	if err != nil {
+		return
+	}
+	var pid int
+	if _, err := fmt.Sscanf(strings.TrimSpace(string(b)), "%d", &pid); err == nil && pid > 1 {
+		syscall.Kill(pid, syscall.SIGKILL)
+	}
+}
+
+type runscState struct {
+	ID     string `json:"id"`
+	Pid    int    `json:"pid"`
+	Status string `json:"status"`
+}
+
+// Inspect returns the sandbox's state, checked against the host: runsc's
+// record can say "running" after the sandbox was killed (OOM), so the
+// process is checked too.
+func (r *Runtime) Inspect(ctx context.Context, id string) (State, error) {
+	out, err := r.run(ctx, "state", id)
+	if err != nil {
+		var re *runscError
+		if errors.As(err, &re) && re.notFound() {
+			return State{ID: id, Status: StatusMissing}, nil
+		}
+		return State{}, err
+	}
+	var st runscState
+	if err := json.Unmarshal(out, &st); err != nil {
+		return State{}, fmt.Errorf("runsc state: %w", err)
+	}
+	return r.check(st), nil
+}
+
+func (r *Runtime) check(st runscState) State {
+	s := State{ID: st.ID, Pid: st.Pid, OOMKills: r.cg.oomKills(st.ID)}
+	switch st.Status {
+	case "running", "created":
+		s.Status = Status(st.Status)
+		if st.Pid <= 0 || syscall.Kill(st.Pid, 0) != nil {
+			s.Status = StatusStopped
+		}
+	default:
+		s.Status = StatusStopped
+	}
+	return s
+}
+
+// List returns the states of this runtime's sandboxes known to runsc.
+func (r *Runtime) List(ctx context.Context) ([]State, error) {
+	out, err := r.run(ctx, "list", "--format", "json")
+	if err != nil {
+		return nil, err
+	}
+	var sts []runscState
+	if len(strings.TrimSpace(string(out))) > 0 && strings.TrimSpace(string(out)) != "null" {
+		if err := json.Unmarshal(out, &sts); err != nil {
+			return nil, fmt.Errorf("runsc list: %w", err)
+		}
+	}
+	var res []State
+	for _, st := range sts {
+		if r.Owns(st.ID) {
+			res = append(res, r.check(st))
+		}
+	}
+	return res, nil
+}
+
+// Collect destroys every resource with this runtime's prefix whose id is not
+// in keep: runsc containers, netns, mounts and cgroups left by a crash.
+// Disks are kept (they may be a stopped session's state) unless the id is
+// unknown to the caller too, which is the caller's decision via Destroy.
+func (r *Runtime) Collect(ctx context.Context, keep map[string]bool) []string {
+	var collected []string
+	ids := map[string]bool{}
+	if sts, err := r.List(ctx); err == nil {
+		for _, s := range sts {
+			ids[s.ID] = true
+		}
+	}
+	for _, n := range listNetns(r.cfg.Prefix + "-") {
+		ids[n] = true
+	}
+	for _, n := range r.cg.list(r.cfg.Prefix + "-") {
+		ids[n] = true
+	}
+	for _, m := range mountsUnder(filepath.Join(r.cfg.StateDir, "sandboxes")) {
+		rel, _ := filepath.Rel(filepath.Join(r.cfg.StateDir, "sandboxes"), m)
+		ids[strings.SplitN(rel, "/", 2)[0]] = true
+	}
+	for id := range ids {
+		if keep[id] || !r.Owns(id) {
+			continue
+		}
+		if err := r.Destroy(ctx, id, true); err != nil {
+			r.log.Warn("collect leftover sandbox", "id", id, "err", err)
+			continue
+		}
+		collected = append(collected, id)
+	}
+	return collected
+}
+
+// DiskExists reports whether a sandbox id has a saved disk.
+func (r *Runtime) DiskExists(id string) bool {
+	_, err := os.Stat(filepath.Join(r.dir(id), "disk.img"))
+	return err == nil
+}

@@ -1,0 +1,139 @@
+package runsc
+
+import (
+	"fmt"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+)
+
+// Limits are the resources of one sandbox (from its size).
+type Limits struct {
+	VCPUs     int   // CPU quota in whole CPUs
+	MemoryMiB int64 // memory cgroup limit, gVisor's own overhead included
+	DiskMiB   int64 // size of the sandbox's disk
+	Pids      int64 // host tasks (gVisor threads and stub processes)
+	Processes int64 // RLIMIT_NPROC inside the sandbox (guest processes of the user)
+}
+
+// Sandbox describes one sandbox to create.
+type Sandbox struct {
+	ID     string // from ContainerID
+	Image  string // absolute path of the read-only image root filesystem
+	Limits Limits
+}
+
+// User is the unprivileged account commands run as.
+const (
+	UserUID  = 1000
+	UserGID  = 1000
+	UserHome = "/home/user"
+	// Workspace is the default working directory inside a sandbox.
+	Workspace = "/workspace"
+	agentPath = "/.sandboxd/agent"
+	cpuPeriod = 100000
+)
+
+// BasePath is the PATH of every process in a sandbox.
+const BasePath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// paths of one sandbox's host-side pieces.
+type sandboxPaths struct {
+	Rootfs    string // merged overlay (lower: image, upper: disk/upper)
+	Workspace string // disk/workspace
+	Tmp       string // disk/tmp
+	Agent     string
+	Netns     string
+}
+
+// BuildSpec returns the OCI runtime spec of a sandbox. It is a pure function
+// of its inputs (golden-tested).
+func BuildSpec(sb Sandbox, p sandboxPaths, cgroupsPath string) *specs.Spec {
+	mem := sb.Limits.MemoryMiB << 20
+	quota := int64(sb.Limits.VCPUs) * cpuPeriod
+	period := uint64(cpuPeriod)
+	nproc := uint64(sb.Limits.Processes)
+	return &specs.Spec{
+		Version: specs.Version,
+		Process: &specs.Process{
+			User: specs.User{UID: 0, GID: 0},
+			Args: []string{agentPath, "init"},
+			Env:  []string{"PATH=" + BasePath},
+			Cwd:  "/",
+			Capabilities: &specs.LinuxCapabilities{
+				Bounding:  initCaps,
+				Effective: initCaps,
+				Permitted: initCaps,
+			},
+			Rlimits: []specs.POSIXRlimit{
+				{Type: "RLIMIT_NPROC", Hard: nproc, Soft: nproc},
+				{Type: "RLIMIT_NOFILE", Hard: 65536, Soft: 65536},
+			},
+			NoNewPrivileges: true,
+		},
+		Root:     &specs.Root{Path: p.Rootfs, Readonly: false},
+		Hostname: "sandbox",
+		Mounts: []specs.Mount{
+			{Destination: "/proc", Type: "proc", Source: "proc"},
+			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+			{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
+			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
+			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+			// /tmp on the sandbox's disk: capped by diskMiB, not by memory.
+			{Destination: "/tmp", Type: "bind", Source: p.Tmp, Options: []string{"rbind", "rw", "nosuid", "nodev"}},
+			{Destination: Workspace, Type: "bind", Source: p.Workspace, Options: []string{"rbind", "rw", "nosuid", "nodev"}},
+			{Destination: agentPath, Type: "bind", Source: p.Agent, Options: []string{"rbind", "ro"}},
+		},
+		Linux: &specs.Linux{
+			CgroupsPath: cgroupsPath,
+			Resources: &specs.LinuxResources{
+				Memory: &specs.LinuxMemory{Limit: &mem},
+				CPU:    &specs.LinuxCPU{Quota: &quota, Period: &period},
+				Pids:   &specs.LinuxPids{Limit: sb.Limits.Pids},
+			},
+			Namespaces: []specs.LinuxNamespace{
+				{Type: specs.PIDNamespace},
+				{Type: specs.IPCNamespace},
+				{Type: specs.UTSNamespace},
+				{Type: specs.MountNamespace},
+				{Type: specs.NetworkNamespace, Path: p.Netns},
+			},
+			MaskedPaths:   []string{"/proc/kcore", "/proc/keys", "/proc/timer_list", "/sys/firmware"},
+			ReadonlyPaths: []string{"/proc/sys", "/proc/sysrq-trigger"},
+		},
+	}
+}
+
+// initCaps is what PID 1 (the agent) keeps; user commands get none.
+var initCaps = []string{"CAP_KILL", "CAP_SETUID", "CAP_SETGID", "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER"}
+
+// UserProcess returns the OCI process of a user command.
+func UserProcess(args, env []string, cwd string) *specs.Process {
+	return &specs.Process{
+		User:            specs.User{UID: UserUID, GID: UserGID, AdditionalGids: []uint32{UserGID}},
+		Args:            args,
+		Env:             env,
+		Cwd:             cwd,
+		Capabilities:    &specs.LinuxCapabilities{},
+		NoNewPrivileges: true,
+	}
+}
+
+// DefaultProcesses derives a guest process limit from a host task limit:
+// each guest process costs about two host tasks under systrap, and gVisor
+// needs some tasks of its own. A fork bomb then meets RLIMIT_NPROC inside the
+// sandbox before the pids cgroup kills gVisor itself.
+func DefaultProcesses(pids int64) int64 {
+	n := (pids - 64) / 3
+	if n < 16 {
+		n = 16
+	}
+	return n
+}
+
+func (l Limits) validate() error {
+	switch {
+	case l.VCPUs < 1, l.MemoryMiB < 128, l.DiskMiB < 64, l.Pids < 64, l.Processes < 1:
+		return fmt.Errorf("limits too small: %+v", l)
+	}
+	return nil
+}

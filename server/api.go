@@ -1,0 +1,240 @@
+package server
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/gin-gonic/gin"
+
+	"sandboxd/store"
+)
+
+const (
+	ctxRequestID  = "sandboxd.requestId"
+	ctxPrincipal  = "sandboxd.principal"
+	ctxOutcomeErr = "sandboxd.errorCode"
+	ctxDetails    = "sandboxd.auditDetails"
+)
+
+func requestID(c *gin.Context) string { return c.GetString(ctxRequestID) }
+
+func principal(c *gin.Context) store.Principal {
+	p, _ := c.Get(ctxPrincipal)
+	pp, _ := p.(store.Principal)
+	return pp
+}
+
+// auditDetail adds a key to the request's audit record.
+func auditDetail(c *gin.Context, k string, v any) {
+	m, _ := c.Get(ctxDetails)
+	d, _ := m.(map[string]any)
+	if d == nil {
+		d = map[string]any{}
+		c.Set(ctxDetails, d)
+	}
+	d[k] = v
+}
+
+func (s *Server) routes() *gin.Engine {
+	gin.SetMode(gin.ReleaseMode)
+	e := gin.New()
+	// The socket's address is the client unless a trusted proxy is configured.
+	e.SetTrustedProxies(s.cfg.TrustedProxies)
+	e.RemoteIPHeaders = []string{"X-Forwarded-For"}
+	e.Use(s.recoverer, s.requestIDs)
+	e.NoRoute(func(c *gin.Context) { s.writeError(c, apiErr(http.StatusNotFound, "not_found", "no such route")) })
+	e.HandleMethodNotAllowed = true
+	e.NoMethod(func(c *gin.Context) {
+		s.writeError(c, apiErr(http.StatusMethodNotAllowed, "method_not_allowed", "method not allowed on this route"))
+	})
+	e.GET("/healthz", func(c *gin.Context) { c.JSON(http.StatusOK, gin.H{"status": "ok"}) })
+
+	v1 := e.Group("/v1", s.bodyLimit, s.authenticate)
+	op := func(method, path, action, perm string, h gin.HandlerFunc) {
+		v1.Handle(method, path, s.audited(action), s.require(perm), h)
+	}
+	op("POST", "/sandbox", "sandbox.provision", PermProjectUpdate, s.provision)
+	op("GET", "/sandbox", "sandbox.list", PermProjectRead, s.listSandboxes)
+	op("GET", "/sandbox/:sessionId", "sandbox.get", PermProjectRead, s.getSandbox)
+	op("POST", "/sandbox/:sessionId/teardown", "sandbox.teardown", PermProjectUpdate, s.teardown)
+	op("DELETE", "/sandbox/:sessionId", "sandbox.delete", PermProjectUpdate, s.deleteSandbox)
+	op("POST", "/sandbox/terminal/:sessionId", "sandbox.terminal", PermProjectUpdate, s.terminal)
+
+	op("GET", "/me", "me.get", "", s.me)
+	op("POST", "/tokens", "token.create", "", s.createToken)
+	op("GET", "/tokens", "token.list", "", s.listTokens)
+	op("DELETE", "/tokens/:id", "token.revoke", "", s.revokeToken)
+	op("POST", "/orgs/:orgId/members", "member.add", PermOrgManage, s.addMember)
+	op("GET", "/orgs/:orgId/members", "member.list", PermOrgManage, s.listMembers)
+	op("PATCH", "/orgs/:orgId/members/:userId", "member.update", PermOrgManage, s.updateMember)
+	op("DELETE", "/orgs/:orgId/members/:userId", "member.remove", PermOrgManage, s.removeMember)
+	op("GET", "/audit", "audit.list", PermAuditRead, s.listAudit)
+	return e
+}
+
+func (s *Server) recoverer(c *gin.Context) {
+	defer func() {
+		if r := recover(); r != nil {
+			s.writeError(c, fmt.Errorf("panic: %v", r))
+		}
+	}()
+	c.Next()
+}
+
+func (s *Server) requestIDs(c *gin.Context) {
+	id := newRequestID()
+	c.Set(ctxRequestID, id)
+	c.Header("X-Request-Id", id)
+	c.Next()
+}
+
+func (s *Server) bodyLimit(c *gin.Context) {
+	limit := s.cfg.Limits.MaxBodyBytes
+	if c.Request.ContentLength > limit {
+		s.writeError(c, errTooLarge)
+		return
+	}
+	if c.Request.Body != nil {
+		c.Request.Body = http.MaxBytesReader(c.Writer, c.Request.Body, limit)
+	}
+	c.Next()
+}
+
+func (s *Server) authenticate(c *gin.Context) {
+	h := c.GetHeader("Authorization")
+	token, ok := strings.CutPrefix(h, "Bearer ")
+	if !ok || token == "" {
+		s.auditDenied(c, http.StatusUnauthorized)
+		s.writeError(c, errUnauthenticated)
+		return
+	}
+	p, err := s.db.Authenticate(c.Request.Context(), strings.TrimSpace(token))
+	if err != nil {
+		if !errors.Is(err, store.ErrNotFound) {
+			s.writeError(c, err)
+			return
+		}
+		s.auditDenied(c, http.StatusUnauthorized)
+		s.writeError(c, errUnauthenticated)
+		return
+	}
+	c.Set(ctxPrincipal, p)
+	c.Next()
+}
+
+// auditDenied records a request that failed authentication.
+func (s *Server) auditDenied(c *gin.Context, status int) {
+	s.db.Audit(store.AuditRecord{
+		Time: time.Now().UTC(), Action: "auth", SessionID: c.Param("sessionId"),
+		Outcome: "denied", Status: status, RemoteAddr: c.ClientIP(), RequestID: requestID(c),
+		Details: map[string]any{"method": c.Request.Method, "path": c.Request.URL.Path},
+	})
+}
+
+func (s *Server) require(perm string) gin.HandlerFunc {
+	return func(c *gin.Context) {
+		if perm != "" && !Can(principal(c).Role, perm) {
+			s.writeError(c, forbidden(perm))
+			return
+		}
+		c.Next()
+	}
+}
+
+// audited writes one audit record per request once the handler is done:
+// identity, action, session, outcome and status.
+func (s *Server) audited(action string) gin.HandlerFunc {
+	return func(c *gin.Context) {
+		c.Next()
+		status := c.Writer.Status()
+		outcome := "ok"
+		switch {
+		case status == http.StatusUnauthorized || status == http.StatusForbidden:
+			outcome = "denied"
+		case status >= 400:
+			outcome = "error"
+		}
+		p := principal(c)
+		d, _ := c.Get(ctxDetails)
+		details, _ := d.(map[string]any)
+		if code := c.GetString(ctxOutcomeErr); code != "" {
+			if details == nil {
+				details = map[string]any{}
+			}
+			details["error"] = code
+		}
+		s.db.Audit(store.AuditRecord{
+			Time: time.Now().UTC(), OrgID: p.Org.ID, UserID: p.User.ID, TokenID: p.TokenID,
+			Action: action, SessionID: c.Param("sessionId"), Outcome: outcome, Status: status,
+			RemoteAddr: c.ClientIP(), RequestID: requestID(c), Details: details,
+		})
+	}
+}
+
+// decodeJSON reads a strict JSON object into v: unknown fields, trailing
+// data and wrong types are 400 with the field named; a body over the limit
+// is 413.
+func decodeJSON(c *gin.Context, v any) error {
+	body, err := io.ReadAll(c.Request.Body)
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return errTooLarge
+		}
+		return badRequest("could not read the request body")
+	}
+	if len(bytes.TrimSpace(body)) == 0 {
+		return badRequest("request body must be a JSON object")
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return jsonError(err)
+	}
+	if dec.More() {
+		return badRequest("request body has data after the JSON object")
+	}
+	return nil
+}
+
+func jsonError(err error) error {
+	var se *json.SyntaxError
+	var te *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &se):
+		return badRequest("malformed JSON at byte %d", se.Offset)
+	case errors.As(err, &te):
+		if te.Field == "" {
+			return badRequest("request body must be a JSON object")
+		}
+		return badRequest("%s: must be %s", te.Field, jsonKind(te.Type.Kind().String()))
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return badRequest("malformed JSON: unexpected end of input")
+	}
+	if f, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
+		return badRequest("unknown field %s", f)
+	}
+	return badRequest("malformed JSON")
+}
+
+func jsonKind(k string) string {
+	switch k {
+	case "string":
+		return "a string"
+	case "map":
+		return "an object"
+	case "int", "int64", "uint64", "float64", "int32":
+		return "a number"
+	case "bool":
+		return "a boolean"
+	case "slice":
+		return "an array"
+	}
+	return "of another type"
+}

@@ -1,0 +1,155 @@
+package server
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"regexp"
+
+	"gopkg.in/yaml.v3"
+
+	"sandboxd/configs"
+	"sandboxd/runsc/image"
+)
+
+// Config is sandboxd's configuration (configs/sandboxd.yaml documents it).
+type Config struct {
+	Listen         string   `yaml:"listen"`
+	DataDir        string   `yaml:"dataDir"`
+	TrustedProxies []string `yaml:"trustedProxies"`
+	Runsc          struct {
+		Binary   string `yaml:"binary"`
+		Platform string `yaml:"platform"`
+		Debug    bool   `yaml:"debug"`
+	} `yaml:"runsc"`
+	Image struct {
+		CacheDir  string `yaml:"cacheDir"`
+		Mirror    string `yaml:"mirror"`
+		Suite     string `yaml:"suite"`
+		AutoBuild bool   `yaml:"autoBuild"`
+	} `yaml:"image"`
+	Limits struct {
+		MaxBodyBytes         int64 `yaml:"maxBodyBytes"`
+		ExecOutputBytes      int   `yaml:"execOutputBytes"`
+		ExecDefaultTimeoutMs int64 `yaml:"execDefaultTimeoutMs"`
+		ExecMaxTimeoutMs     int64 `yaml:"execMaxTimeoutMs"`
+		MaxSandboxes         int   `yaml:"maxSandboxes"`
+	} `yaml:"limits"`
+
+	// Sizes is loaded from configs/sizes.yaml (not part of the file above).
+	Sizes Sizes `yaml:"-"`
+}
+
+// Overrides are values from flags and environment; empty means "not set".
+type Overrides struct {
+	ConfigFile, Listen, DataDir string
+}
+
+// LoadConfig builds the configuration: built-in defaults, then the config
+// file, then environment, then flags (each beats the previous). Unknown keys
+// in a file are errors.
+func LoadConfig(flags Overrides) (*Config, error) {
+	var c Config
+	def, err := configs.FS.ReadFile("sandboxd.yaml")
+	if err != nil {
+		return nil, err
+	}
+	if err := decodeStrict(def, &c); err != nil {
+		return nil, fmt.Errorf("built-in config: %w", err)
+	}
+	file := firstNonEmpty(flags.ConfigFile, os.Getenv("SANDBOXD_CONFIG"))
+	if file != "" {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return nil, fmt.Errorf("config file: %w", err)
+		}
+		if err := decodeStrict(b, &c); err != nil {
+			return nil, fmt.Errorf("config file %s: %w", file, err)
+		}
+	}
+	c.Listen = firstNonEmpty(flags.Listen, os.Getenv("SANDBOXD_LISTEN"), c.Listen)
+	c.DataDir = firstNonEmpty(flags.DataDir, os.Getenv("SANDBOXD_DATA_DIR"), c.DataDir)
+	sz, err := configs.FS.ReadFile("sizes.yaml")
+	if err != nil {
+		return nil, err
+	}
+	if c.Sizes, err = ParseSizes(sz); err != nil {
+		return nil, fmt.Errorf("sizes: %w", err)
+	}
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	return &c, nil
+}
+
+func decodeStrict(b []byte, v any) error {
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(v); err != nil && err.Error() != "EOF" {
+		return err
+	}
+	return nil
+}
+
+func firstNonEmpty(vals ...string) string {
+	for _, v := range vals {
+		if v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+var mirrorRe = regexp.MustCompile(`^https?://[A-Za-z0-9.\-:/_]+$`)
+
+func (c *Config) validate() error {
+	var errs []error
+	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+		errs = append(errs, fmt.Errorf("listen: %w", err))
+	}
+	if c.DataDir == "" {
+		errs = append(errs, errors.New("dataDir: required"))
+	} else if abs, err := filepath.Abs(c.DataDir); err != nil {
+		errs = append(errs, fmt.Errorf("dataDir: %w", err))
+	} else {
+		c.DataDir = abs
+	}
+	if c.Image.CacheDir == "" || !filepath.IsAbs(c.Image.CacheDir) {
+		errs = append(errs, errors.New("image.cacheDir: must be an absolute path"))
+	}
+	if !mirrorRe.MatchString(c.Image.Mirror) {
+		errs = append(errs, errors.New("image.mirror: must be an http(s) URL"))
+	}
+	for _, p := range c.TrustedProxies {
+		if _, _, err := net.ParseCIDR(p); err != nil && net.ParseIP(p) == nil {
+			errs = append(errs, fmt.Errorf("trustedProxies: %q is not an IP or CIDR", p))
+		}
+	}
+	l := c.Limits
+	if l.MaxBodyBytes < 1024 || l.ExecOutputBytes < 1024 || l.ExecDefaultTimeoutMs < 1 ||
+		l.ExecMaxTimeoutMs < l.ExecDefaultTimeoutMs || l.MaxSandboxes < 1 {
+		errs = append(errs, errors.New("limits: out of range"))
+	}
+	return errors.Join(errs...)
+}
+
+// ImageRecipe is the default image's recipe from configs/image.
+func (c *Config) ImageRecipe() (image.Recipe, error) {
+	pk, err := configs.FS.ReadFile("image/packages.txt")
+	if err != nil {
+		return image.Recipe{}, err
+	}
+	build, err := configs.FS.ReadFile("image/build.sh")
+	if err != nil {
+		return image.Recipe{}, err
+	}
+	setup, err := configs.FS.ReadFile("image/setup.sh")
+	if err != nil {
+		return image.Recipe{}, err
+	}
+	return image.Recipe{Suite: c.Image.Suite, Mirror: c.Image.Mirror,
+		Packages: image.ParsePackages(string(pk)), Build: build, Setup: setup}, nil
+}

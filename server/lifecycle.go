@@ -1,0 +1,343 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"sandboxd/runsc"
+	"sandboxd/store"
+)
+
+// The session lifecycle is one state machine:
+//
+//	provisioning -> running            (create succeeded)
+//	provisioning -> (row removed)      (create failed: every step undone)
+//	running      -> stopping -> stopped (teardown; the disk is kept)
+//	running      -> failed             (sandbox died: oom, exited)
+//	failed       -> stopping -> stopped (teardown releases what is left)
+//	any          -> deleted            (delete; the id stays used)
+var transitions = map[string][]string{
+	store.StatusProvisioning: {store.StatusRunning, store.StatusFailed},
+	store.StatusRunning:      {store.StatusStopping, store.StatusFailed, store.StatusDeleted},
+	store.StatusStopping:     {store.StatusStopped, store.StatusFailed},
+	store.StatusFailed:       {store.StatusStopping, store.StatusDeleted},
+	store.StatusStopped:      {store.StatusDeleted},
+}
+
+func canTransition(from, to string) bool {
+	for _, t := range transitions[from] {
+		if t == to {
+			return true
+		}
+	}
+	return false
+}
+
+// manager owns the lifecycle of sessions: per-session locks, capacity, the
+// monitor that notices dead sandboxes, and reconciliation at start.
+type manager struct {
+	s     *Server
+	mu    sync.Mutex
+	locks map[string]*sync.Mutex // by session pk
+	live  int                    // sandboxes provisioning or running
+	done  chan struct{}
+	wg    sync.WaitGroup
+	now   func() time.Time
+}
+
+func newManager(s *Server) *manager {
+	return &manager{s: s, locks: map[string]*sync.Mutex{}, done: make(chan struct{}), now: func() time.Time { return time.Now().UTC() }}
+}
+
+func (m *manager) lock(pk string) func() {
+	m.mu.Lock()
+	l := m.locks[pk]
+	if l == nil {
+		l = &sync.Mutex{}
+		m.locks[pk] = l
+	}
+	m.mu.Unlock()
+	l.Lock()
+	return l.Unlock
+}
+
+// reserve takes a capacity slot for a new sandbox.
+func (m *manager) reserve() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.live >= m.s.cfg.Limits.MaxSandboxes {
+		return false
+	}
+	m.live++
+	return true
+}
+
+func (m *manager) release() {
+	m.mu.Lock()
+	if m.live > 0 {
+		m.live--
+	}
+	m.mu.Unlock()
+}
+
+// setStatus moves a session along the state machine and persists it.
+func (m *manager) setStatus(ctx context.Context, ses *store.Session, to, reason string) error {
+	if ses.Status != to && !canTransition(ses.Status, to) {
+		return fmt.Errorf("session %s: illegal transition %s -> %s", ses.ID, ses.Status, to)
+	}
+	now := m.now()
+	switch to {
+	case store.StatusRunning:
+		ses.StartedAt, ses.StoppedAt = &now, nil
+	case store.StatusStopped, store.StatusFailed:
+		if ses.StoppedAt == nil {
+			ses.StoppedAt = &now
+			ses.CreditsUsed += credits(ses, now)
+		}
+	}
+	ses.Status, ses.StatusReason = to, reason
+	return m.s.db.UpdateSession(ctx, ses)
+}
+
+// credits drawn by a run that started at StartedAt and ends at end.
+func credits(ses *store.Session, end time.Time) float64 {
+	if ses.StartedAt == nil || end.Before(*ses.StartedAt) {
+		return 0
+	}
+	return end.Sub(*ses.StartedAt).Hours() * ses.CreditsPerHour
+}
+
+// provision creates and starts the sandbox of a freshly inserted session.
+// On failure the row is removed again, so nothing is left behind.
+func (m *manager) provision(ctx context.Context, ses *store.Session, size Size) error {
+	sb := runsc.Sandbox{ID: ses.ContainerID, Image: m.s.image, Limits: size.Limits()}
+	// A client that goes away must not leave a half-made sandbox: create
+	// runs to completion (or full undo) on its own context.
+	cctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := m.s.rt.Create(cctx, sb); err != nil {
+		m.s.log.Error("provision failed", "session", ses.SessionID, "container", ses.ContainerID, "err", err)
+		if derr := m.s.db.DeleteSessionRow(context.Background(), ses.ID); derr != nil {
+			m.s.log.Error("undo session row", "session", ses.SessionID, "err", derr)
+		}
+		return apiErr(http.StatusServiceUnavailable, "unavailable", "the sandbox could not be started; nothing was kept, retry with the same sessionId")
+	}
+	if err := m.setStatus(context.Background(), ses, store.StatusRunning, ""); err != nil {
+		m.s.rt.Destroy(context.Background(), ses.ContainerID, false)
+		m.s.db.DeleteSessionRow(context.Background(), ses.ID)
+		return err
+	}
+	return nil
+}
+
+// teardownResult is what teardown reports.
+type teardownResult struct {
+	WorkspaceBytes int64   `json:"workspaceBytes"`
+	GitPushed      bool    `json:"gitPushed"`
+	GitError       *string `json:"gitError"`
+}
+
+// teardown stops a session's sandbox and releases its compute, keeping its
+// disk (workspace and writable root layer). Idempotent on a stopped session.
+func (m *manager) teardown(ctx context.Context, ses *store.Session) (teardownResult, error) {
+	var res teardownResult
+	switch ses.Status {
+	case store.StatusStopped:
+		return res, nil
+	case store.StatusRunning, store.StatusFailed, store.StatusStopping:
+	default:
+		return res, conflict("session is %s; only a running or failed session can be torn down", ses.Status)
+	}
+	wasLive := ses.Status == store.StatusRunning
+	if ses.Status != store.StatusStopping {
+		if err := m.setStatus(ctx, ses, store.StatusStopping, ses.StatusReason); err != nil {
+			return res, err
+		}
+	}
+	res.WorkspaceBytes = dirBytes(m.s.rt.WorkspaceDir(ses.ContainerID))
+	if err := m.s.rt.Destroy(context.Background(), ses.ContainerID, true); err != nil {
+		m.s.log.Error("teardown", "session", ses.SessionID, "err", err)
+		return res, apiErr(http.StatusServiceUnavailable, "unavailable", "the sandbox could not be stopped completely; retry the teardown")
+	}
+	if wasLive {
+		m.release()
+	}
+	reason := ses.StatusReason
+	return res, m.setStatus(context.Background(), ses, store.StatusStopped, reason)
+}
+
+// remove tears down if needed and deletes the session's disk; the row stays
+// (status deleted) so the session id is never reused.
+func (m *manager) remove(ctx context.Context, ses *store.Session) error {
+	if ses.Status == store.StatusProvisioning {
+		return conflict("session is still provisioning")
+	}
+	if err := m.s.rt.Destroy(context.Background(), ses.ContainerID, false); err != nil {
+		m.s.log.Error("delete", "session", ses.SessionID, "err", err)
+		return apiErr(http.StatusServiceUnavailable, "unavailable", "the sandbox could not be removed completely; retry the delete")
+	}
+	if ses.Status == store.StatusRunning || ses.Status == store.StatusStopping {
+		m.release()
+		now := m.now()
+		ses.StoppedAt = &now
+		ses.CreditsUsed += credits(ses, now)
+	}
+	ses.Status = store.StatusDeleted
+	return m.s.db.UpdateSession(context.Background(), ses)
+}
+
+// markDead records that a running sandbox died (reason "oom" or "exited")
+// and releases its host resources, keeping its disk.
+func (m *manager) markDead(ses *store.Session, reason string) {
+	if ses.Status != store.StatusRunning {
+		return
+	}
+	if err := m.setStatus(context.Background(), ses, store.StatusFailed, reason); err != nil {
+		m.s.log.Error("mark failed", "session", ses.SessionID, "err", err)
+		return
+	}
+	m.release()
+	m.s.log.Warn("sandbox died", "session", ses.SessionID, "reason", reason)
+	if err := m.s.rt.Destroy(context.Background(), ses.ContainerID, true); err != nil {
+		m.s.log.Error("release dead sandbox", "session", ses.SessionID, "err", err)
+	}
+}
+
+// checkAlive inspects a running session's sandbox and marks it failed if it
+// is gone. Callers hold the session's lock.
+func (m *manager) checkAlive(ctx context.Context, ses *store.Session) {
+	if ses.Status != store.StatusRunning {
+		return
+	}
+	st, err := m.s.rt.Inspect(ctx, ses.ContainerID)
+	if err != nil {
+		return
+	}
+	if st.Status == runsc.StatusRunning && st.OOMKills == 0 {
+		return
+	}
+	reason := "exited"
+	if st.OOMKills > 0 {
+		reason = "oom"
+	}
+	m.markDead(ses, reason)
+}
+
+// reconcile runs at start: sessions whose sandboxes still run stay usable,
+// records of dead ones are marked failed, interrupted operations are
+// finished, and leftovers of this server's prefix are collected.
+func (m *manager) reconcile(ctx context.Context) error {
+	sessions, err := m.s.db.ListLiveSessions(ctx)
+	if err != nil {
+		return err
+	}
+	keep := map[string]bool{}
+	for i := range sessions {
+		ses := &sessions[i]
+		st, err := m.s.rt.Inspect(ctx, ses.ContainerID)
+		if err != nil {
+			return fmt.Errorf("inspect %s: %w", ses.ContainerID, err)
+		}
+		switch ses.Status {
+		case store.StatusRunning:
+			if st.Status == runsc.StatusRunning && st.OOMKills == 0 {
+				keep[ses.ContainerID] = true
+				m.mu.Lock()
+				m.live++
+				m.mu.Unlock()
+				continue
+			}
+			m.mu.Lock()
+			m.live++
+			m.mu.Unlock()
+			reason := "exited"
+			if st.OOMKills > 0 {
+				reason = "oom"
+			}
+			m.markDead(ses, reason)
+		case store.StatusProvisioning:
+			// The server stopped in the middle of a create: undo it.
+			m.s.rt.Destroy(ctx, ses.ContainerID, false)
+			m.s.db.DeleteSessionRow(ctx, ses.ID)
+		case store.StatusStopping:
+			m.s.rt.Destroy(ctx, ses.ContainerID, true)
+			m.setStatus(ctx, ses, store.StatusStopped, ses.StatusReason)
+		}
+	}
+	if ids := m.s.rt.Collect(ctx, keep); len(ids) > 0 {
+		m.s.log.Info("collected leftover sandboxes", "count", len(ids))
+	}
+	return nil
+}
+
+// startMonitor checks running sandboxes periodically, so a sandbox that dies
+// (OOM) is reported even when no command is running.
+func (m *manager) startMonitor() {
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		t := time.NewTicker(5 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-m.done:
+				return
+			case <-t.C:
+				m.sweep()
+			}
+		}
+	}()
+}
+
+func (m *manager) sweep() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sessions, err := m.s.db.ListLiveSessions(ctx)
+	if err != nil {
+		return
+	}
+	for i := range sessions {
+		ses := &sessions[i]
+		if ses.Status != store.StatusRunning {
+			continue
+		}
+		unlock := m.lock(ses.ID)
+		// Re-read under the lock: the session may have moved on.
+		if cur, err := m.s.db.GetSessionByID(ctx, ses.ID); err == nil {
+			m.checkAlive(ctx, &cur)
+		}
+		unlock()
+	}
+}
+
+func (m *manager) stop() {
+	select {
+	case <-m.done:
+	default:
+		close(m.done)
+	}
+	m.wg.Wait()
+}
+
+// dirBytes sums the sizes of regular files under dir (without following
+// symlinks).
+func dirBytes(dir string) int64 {
+	var n int64
+	filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return nil // unreadable parts do not count
+		}
+		if d.Type().IsRegular() {
+			if info, err := d.Info(); err == nil {
+				n += info.Size()
+			}
+		}
+		return nil
+	})
+	return n
+}

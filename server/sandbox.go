@@ -1,0 +1,500 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gin-gonic/gin"
+
+	"sandboxd/runsc"
+	"sandboxd/store"
+)
+
+type provisionRequest struct {
+	SessionID          string            `json:"sessionId"`
+	Size               string            `json:"size"`
+	GitRepo            string            `json:"gitRepo"`
+	GitBranch          string            `json:"gitBranch"`
+	ProjectID          string            `json:"projectId"`
+	Env                map[string]string `json:"env"`
+	Secrets            map[string]string `json:"secrets"`
+	IdleTimeoutSeconds *int              `json:"idleTimeoutSeconds"`
+}
+
+// minSecretLen: shorter values would redact ordinary text.
+const minSecretLen = 6
+
+func (s *Server) validateProvision(req *provisionRequest) (Size, *APIError) {
+	if req.SessionID == "" {
+		return Size{}, apiErr(http.StatusBadRequest, "invalid_session_id", "sessionId: required")
+	}
+	if !validSessionID(req.SessionID) {
+		return Size{}, apiErr(http.StatusBadRequest, "invalid_session_id", "sessionId: 1-128 characters of letters, digits, '.', '_' or '-', starting with a letter or digit")
+	}
+	size, ok := s.cfg.Sizes.Resolve(req.Size)
+	if !ok {
+		return Size{}, apiErr(http.StatusBadRequest, "invalid_size", "size: must be one of %s", strings.Join(s.cfg.Sizes.Names(), ", "))
+	}
+	if req.GitRepo != "" && !validRepo(req.GitRepo) {
+		return Size{}, apiErr(http.StatusBadRequest, "invalid_repo", "gitRepo: must be owner/name (owner: 1-39 of letters, digits, '-'; name: 1-100 of letters, digits, '.', '_', '-')")
+	}
+	if req.GitBranch != "" {
+		if req.GitRepo == "" {
+			return Size{}, apiErr(http.StatusBadRequest, "invalid_branch", "gitBranch: needs gitRepo")
+		}
+		if !validBranch(req.GitBranch) {
+			return Size{}, apiErr(http.StatusBadRequest, "invalid_branch", "gitBranch: not a valid git branch name")
+		}
+	}
+	if e := checkEnv("env", req.Env); e != nil {
+		return Size{}, e
+	}
+	if e := checkEnv("secrets", req.Secrets); e != nil {
+		return Size{}, e
+	}
+	for k, v := range req.Secrets {
+		if len(v) < minSecretLen {
+			return Size{}, badRequest("secrets: value of %s is shorter than %d characters and cannot be redacted safely", k, minSecretLen)
+		}
+	}
+	if t := req.IdleTimeoutSeconds; t != nil && (*t < 0 || *t > 7*24*3600) {
+		return Size{}, badRequest("idleTimeoutSeconds: must be 0-604800")
+	}
+	return size, nil
+}
+
+// provision: POST /v1/sandbox.
+func (s *Server) provision(c *gin.Context) {
+	var req provisionRequest
+	if err := decodeJSON(c, &req); err != nil {
+		s.writeError(c, err)
+		return
+	}
+	size, aerr := s.validateProvision(&req)
+	if aerr != nil {
+		s.writeError(c, aerr)
+		return
+	}
+	p := principal(c)
+	c.Params = append(c.Params, gin.Param{Key: "sessionId", Value: req.SessionID}) // for the audit record
+	auditDetail(c, "size", size.Name)
+	if req.ProjectID != "" && req.ProjectID != p.ProjectID {
+		if _, err := s.db.GetProject(c.Request.Context(), p.Org.ID, req.ProjectID); err != nil {
+			s.writeError(c, badRequest("projectId: no such project in your organization"))
+			return
+		}
+	}
+	if req.GitRepo != "" {
+		// Cloning uses the caller's connected GitHub credential; none is connected.
+		s.writeError(c, apiErr(http.StatusPreconditionFailed, "github_not_connected", "gitRepo needs a connected GitHub credential (PUT /v1/me/github); nothing was provisioned"))
+		return
+	}
+	project := req.ProjectID
+	if project == "" {
+		project = p.ProjectID
+	}
+	names := make([]string, 0, len(req.Secrets))
+	for k := range req.Secrets {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	idle := 0
+	if req.IdleTimeoutSeconds != nil {
+		idle = *req.IdleTimeoutSeconds
+	}
+	ses := &store.Session{
+		OrgID: p.Org.ID, ProjectID: project, SessionID: req.SessionID, CreatedBy: p.User.ID,
+		ContainerID: s.rt.ContainerID(p.Org.ID, req.SessionID), Status: store.StatusProvisioning,
+		Size: size.Name, RequestedSize: req.Size, VCPUs: size.VCPUs, MemoryMiB: size.MemoryMiB,
+		DiskMiB: size.DiskMiB, Pids: size.Pids, CreditsPerHour: size.CreditsPerHour,
+		GitRepo: req.GitRepo, GitBranch: req.GitBranch, Env: req.Env, SecretNames: names,
+		IdleTimeoutSeconds: idle,
+	}
+	if ses.RequestedSize == "" {
+		ses.RequestedSize = size.Name
+	}
+	if !s.sb.reserve() {
+		s.writeError(c, errUnavailable)
+		return
+	}
+	if err := s.db.InsertSession(c.Request.Context(), ses); err != nil {
+		s.sb.release()
+		if errors.Is(err, store.ErrConflict) {
+			s.writeError(c, conflict("sessionId %q was already used in this organization; a fresh start is a new session id", req.SessionID))
+			return
+		}
+		s.writeError(c, err)
+		return
+	}
+	unlock := s.sb.lock(ses.ID)
+	defer unlock()
+	if len(req.Secrets) > 0 {
+		if err := s.db.SetSecrets(c.Request.Context(), ses.ID, req.Secrets); err != nil {
+			s.sb.release()
+			s.db.DeleteSessionRow(context.Background(), ses.ID)
+			s.writeError(c, err)
+			return
+		}
+	}
+	start := time.Now()
+	if err := s.sb.provision(c.Request.Context(), ses, size); err != nil {
+		s.sb.release()
+		s.writeError(c, err)
+		return
+	}
+	auditDetail(c, "provisionMs", time.Since(start).Milliseconds())
+	c.JSON(http.StatusCreated, sandboxJSON(ses))
+}
+
+// sessionFor loads the caller's session by its id: unknown ids and other
+// organizations' sessions are the same 404.
+func (s *Server) sessionFor(c *gin.Context) (*store.Session, bool) {
+	id := c.Param("sessionId")
+	if !validSessionID(id) {
+		s.writeError(c, apiErr(http.StatusBadRequest, "invalid_session_id", "sessionId: 1-128 characters of letters, digits, '.', '_' or '-', starting with a letter or digit"))
+		return nil, false
+	}
+	ses, err := s.db.GetSession(c.Request.Context(), principal(c).Org.ID, id)
+	if err != nil {
+		if errors.Is(err, store.ErrNotFound) {
+			s.writeError(c, errNotFound)
+		} else {
+			s.writeError(c, err)
+		}
+		return nil, false
+	}
+	return &ses, true
+}
+
+func (s *Server) listSandboxes(c *gin.Context) {
+	status := c.Query("status")
+	switch status {
+	case "", store.StatusProvisioning, store.StatusRunning, store.StatusPaused, store.StatusStopping, store.StatusStopped, store.StatusFailed:
+	default:
+		s.writeError(c, badRequest("status: must be provisioning, running, paused, stopping, stopped or failed"))
+		return
+	}
+	list, err := s.db.ListSessions(c.Request.Context(), principal(c).Org.ID, status)
+	if err != nil {
+		s.writeError(c, err)
+		return
+	}
+	out := make([]sandboxObject, 0, len(list))
+	for i := range list {
+		out = append(out, sandboxJSON(&list[i]))
+	}
+	c.JSON(http.StatusOK, gin.H{"sandboxes": out})
+}
+
+func (s *Server) getSandbox(c *gin.Context) {
+	ses, ok := s.sessionFor(c)
+	if !ok {
+		return
+	}
+	c.JSON(http.StatusOK, sandboxJSON(ses))
+}
+
+func (s *Server) teardown(c *gin.Context) {
+	ses, ok := s.sessionFor(c)
+	if !ok {
+		return
+	}
+	unlock := s.sb.lock(ses.ID)
+	defer unlock()
+	cur, err := s.db.GetSessionByID(c.Request.Context(), ses.ID)
+	if err != nil {
+		s.writeError(c, err)
+		return
+	}
+	res, err := s.sb.teardown(c.Request.Context(), &cur)
+	if err != nil {
+		s.writeError(c, err)
+		return
+	}
+	auditDetail(c, "workspaceBytes", res.WorkspaceBytes)
+	obj := sandboxJSON(&cur)
+	obj.Teardown = &res
+	c.JSON(http.StatusOK, obj)
+}
+
+func (s *Server) deleteSandbox(c *gin.Context) {
+	ses, ok := s.sessionFor(c)
+	if !ok {
+		return
+	}
+	unlock := s.sb.lock(ses.ID)
+	defer unlock()
+	cur, err := s.db.GetSessionByID(c.Request.Context(), ses.ID)
+	if err != nil {
+		s.writeError(c, err)
+		return
+	}
+	if err := s.sb.remove(c.Request.Context(), &cur); err != nil {
+		s.writeError(c, err)
+		return
+	}
+	c.Status(http.StatusNoContent)
+}
+
+type execRequest struct {
+	Action    string            `json:"action"`
+	Command   string            `json:"command"`
+	Cwd       string            `json:"cwd"`
+	Env       map[string]string `json:"env"`
+	TimeoutMs *int64            `json:"timeoutMs"`
+	Stdin     *string           `json:"stdin"`
+}
+
+type execResponse struct {
+	ExitCode   int    `json:"exitCode"`
+	Stdout     string `json:"stdout"`
+	Stderr     string `json:"stderr"`
+	DurationMs int64  `json:"durationMs"`
+	TimedOut   bool   `json:"timedOut"`
+	Truncated  bool   `json:"truncated"`
+	OOM        bool   `json:"oom"`
+}
+
+const maxCommandBytes = 256 * 1024
+
+// terminal: POST /v1/sandbox/terminal/:sessionId.
+func (s *Server) terminal(c *gin.Context) {
+	ses, ok := s.sessionFor(c)
+	if !ok {
+		return
+	}
+	var req execRequest
+	if err := decodeJSON(c, &req); err != nil {
+		s.writeError(c, err)
+		return
+	}
+	if req.Action != "exec" {
+		s.writeError(c, badRequest("action: must be \"exec\""))
+		return
+	}
+	if strings.TrimSpace(req.Command) == "" || len(req.Command) > maxCommandBytes || strings.ContainsRune(req.Command, 0) {
+		s.writeError(c, badRequest("command: required, under 256 KiB, without NUL bytes"))
+		return
+	}
+	if req.Cwd == "" {
+		req.Cwd = runsc.Workspace
+	}
+	if !validCwd(req.Cwd) {
+		s.writeError(c, badRequest("cwd: must be an absolute, normalized path"))
+		return
+	}
+	if e := checkEnv("env", req.Env); e != nil {
+		s.writeError(c, e)
+		return
+	}
+	timeout := time.Duration(s.cfg.Limits.ExecDefaultTimeoutMs) * time.Millisecond
+	if req.TimeoutMs != nil {
+		if *req.TimeoutMs < 1 || *req.TimeoutMs > s.cfg.Limits.ExecMaxTimeoutMs {
+			s.writeError(c, badRequest("timeoutMs: must be 1-%d", s.cfg.Limits.ExecMaxTimeoutMs))
+			return
+		}
+		timeout = time.Duration(*req.TimeoutMs) * time.Millisecond
+	}
+	if ses.Status != store.StatusRunning {
+		s.writeError(c, conflict("session is %s; commands run only in a running session", ses.Status))
+		return
+	}
+	secrets, err := s.db.Secrets(c.Request.Context(), ses.ID)
+	if err != nil {
+		s.writeError(c, err)
+		return
+	}
+	out := newCappedOutput(s.cfg.Limits.ExecOutputBytes)
+	xr := runsc.ExecRequest{
+		Args:    []string{"/bin/bash", "-lc", req.Command},
+		Env:     commandEnv(ses.Env, secrets, req.Env),
+		Cwd:     req.Cwd,
+		Stdout:  out.writer(&out.stdout),
+		Stderr:  out.writer(&out.stderr),
+		Timeout: timeout,
+	}
+	if req.Stdin != nil {
+		xr.Stdin = strings.NewReader(*req.Stdin)
+	}
+	res, err := s.rt.Exec(c.Request.Context(), ses.ContainerID, xr)
+	if err != nil {
+		switch {
+		case errors.Is(err, runsc.ErrBadCwd):
+			s.writeError(c, badRequest("cwd: does not exist or is not accessible to the sandbox user"))
+		case errors.Is(err, runsc.ErrNotRunning):
+			s.noteDead(ses)
+			s.writeError(c, conflict("the sandbox is not running any more"))
+		default:
+			s.writeError(c, err)
+		}
+		return
+	}
+	if res.OOM || res.Died {
+		reason := "exited"
+		if res.OOM {
+			reason = "oom"
+		}
+		s.noteDeadReason(ses, reason)
+	}
+	auditDetail(c, "exitCode", res.ExitCode)
+	auditDetail(c, "durationMs", res.Duration.Milliseconds())
+	c.JSON(http.StatusOK, execResponse{
+		ExitCode:   res.ExitCode,
+		Stdout:     redact(out.stdout.String(), secrets),
+		Stderr:     redact(out.stderr.String(), secrets),
+		DurationMs: res.Duration.Milliseconds(),
+		TimedOut:   res.TimedOut,
+		Truncated:  out.truncated,
+		OOM:        res.OOM,
+	})
+}
+
+func (s *Server) noteDead(ses *store.Session) {
+	unlock := s.sb.lock(ses.ID)
+	defer unlock()
+	if cur, err := s.db.GetSessionByID(context.Background(), ses.ID); err == nil {
+		s.sb.checkAlive(context.Background(), &cur)
+	}
+}
+
+func (s *Server) noteDeadReason(ses *store.Session, reason string) {
+	unlock := s.sb.lock(ses.ID)
+	defer unlock()
+	if cur, err := s.db.GetSessionByID(context.Background(), ses.ID); err == nil {
+		s.sb.markDead(&cur, reason)
+	}
+}
+
+// commandEnv is the environment of a user command: platform defaults, then
+// the session's env and secrets, then the request's env.
+func commandEnv(sessionEnv, secrets, reqEnv map[string]string) []string {
+	env := map[string]string{
+		"PATH": runsc.BasePath, "HOME": runsc.UserHome, "USER": "user", "LOGNAME": "user",
+		"SHELL": "/bin/bash", "LANG": "C.UTF-8", "TERM": "dumb",
+	}
+	for _, m := range []map[string]string{sessionEnv, secrets, reqEnv} {
+		for k, v := range m {
+			env[k] = v
+		}
+	}
+	out := make([]string, 0, len(env))
+	for k, v := range env {
+		out = append(out, k+"="+v)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// redact replaces known secret values in fully buffered output.
+// TODO(scrubber): the streaming scrubber (encodings, patterns) replaces this.
+func redact(s string, secrets map[string]string) string {
+	for name, v := range secrets {
+		if len(v) >= minSecretLen {
+			s = strings.ReplaceAll(s, v, "[REDACTED:"+name+"]")
+		}
+	}
+	return s
+}
+
+// cappedOutput collects stdout and stderr up to a shared byte cap and keeps
+// draining (so the command never blocks on a full pipe) past it.
+type cappedOutput struct {
+	mu             sync.Mutex
+	left           int
+	stdout, stderr bytes.Buffer
+	truncated      bool
+}
+
+func newCappedOutput(limit int) *cappedOutput { return &cappedOutput{left: limit} }
+
+type capWriter struct {
+	o   *cappedOutput
+	buf *bytes.Buffer
+}
+
+func (o *cappedOutput) writer(b *bytes.Buffer) capWriter { return capWriter{o, b} }
+
+func (w capWriter) Write(p []byte) (int, error) {
+	w.o.mu.Lock()
+	defer w.o.mu.Unlock()
+	n := min(len(p), w.o.left)
+	w.buf.Write(p[:n])
+	w.o.left -= n
+	if n < len(p) {
+		w.o.truncated = true
+	}
+	return len(p), nil
+}
+
+// sandboxObject is the contract's Sandbox object.
+type sandboxObject struct {
+	SessionID     string            `json:"sessionId"`
+	OrgID         string            `json:"orgId"`
+	ProjectID     string            `json:"projectId"`
+	Status        string            `json:"status"`
+	StatusReason  *string           `json:"statusReason"`
+	Size          string            `json:"size"`
+	RequestedSize string            `json:"requestedSize"`
+	Resources     resources         `json:"resources"`
+	GitRepo       *string           `json:"gitRepo"`
+	GitBranch     *string           `json:"gitBranch"`
+	SecretNames   []string          `json:"secretNames"`
+	CreatedAt     time.Time         `json:"createdAt"`
+	StartedAt     *time.Time        `json:"startedAt"`
+	StoppedAt     *time.Time        `json:"stoppedAt"`
+	Egress        egressUsage       `json:"egress"`
+	Credits       creditUsage       `json:"credits"`
+	URLs          map[string]string `json:"urls"`
+	Teardown      *teardownResult   `json:"teardown,omitempty"`
+}
+
+type resources struct {
+	VCPUs     int `json:"vcpus"`
+	MemoryMiB int `json:"memoryMiB"`
+	DiskMiB   int `json:"diskMiB"`
+}
+
+type egressUsage struct {
+	BytesUsed  int64 `json:"bytesUsed"`
+	BytesLimit int64 `json:"bytesLimit"`
+}
+
+type creditUsage struct {
+	Used float64 `json:"used"`
+}
+
+func strPtr(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+func sandboxJSON(ses *store.Session) sandboxObject {
+	used := ses.CreditsUsed
+	if ses.Status == store.StatusRunning && ses.StoppedAt == nil {
+		used += credits(ses, time.Now().UTC())
+	}
+	names := ses.SecretNames
+	if names == nil {
+		names = []string{}
+	}
+	return sandboxObject{
+		SessionID: ses.SessionID, OrgID: ses.OrgID, ProjectID: ses.ProjectID,
+		Status: ses.Status, StatusReason: strPtr(ses.StatusReason),
+		Size: ses.Size, RequestedSize: ses.RequestedSize,
+		Resources: resources{VCPUs: ses.VCPUs, MemoryMiB: ses.MemoryMiB, DiskMiB: ses.DiskMiB},
+		GitRepo:   strPtr(ses.GitRepo), GitBranch: strPtr(ses.GitBranch),
+		SecretNames: names,
+		CreatedAt:   ses.CreatedAt, StartedAt: ses.StartedAt, StoppedAt: ses.StoppedAt,
+		Egress:  egressUsage{BytesUsed: ses.EgressBytesUsed, BytesLimit: ses.EgressBytesLimit},
+		Credits: creditUsage{Used: used},
+		URLs:    map[string]string{},
+	}
+}

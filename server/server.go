@@ -1,0 +1,223 @@
+// Package server composes sandboxd: the Gin REST API (auth -> permission ->
+// audit -> handler), the sandbox lifecycle over the runsc driver, and the
+// SQLite store. It talks to the runtime through the Runtime interface it
+// declares, so handlers can be tested against a fake and the real driver is
+// tested too.
+package server
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"time"
+
+	"github.com/gin-gonic/gin"
+
+	"sandboxd/runsc"
+	"sandboxd/runsc/image"
+	"sandboxd/store"
+)
+
+// Runtime is what the server needs from the sandbox driver (runsc.Runtime).
+type Runtime interface {
+	ContainerID(orgID, sessionID string) string
+	Create(ctx context.Context, sb runsc.Sandbox) error
+	Destroy(ctx context.Context, id string, keepDisk bool) error
+	Inspect(ctx context.Context, id string) (runsc.State, error)
+	List(ctx context.Context) ([]runsc.State, error)
+	Exec(ctx context.Context, id string, req runsc.ExecRequest) (runsc.ExecResult, error)
+	Collect(ctx context.Context, keep map[string]bool) []string
+	WorkspaceDir(id string) string
+}
+
+// Server is one sandboxd instance.
+type Server struct {
+	cfg    *Config
+	db     *store.DB
+	rt     Runtime
+	image  string
+	log    *slog.Logger
+	engine *gin.Engine
+	sb     *manager
+}
+
+// DBPath is the SQLite file inside a data directory.
+func DBPath(dataDir string) string { return filepath.Join(dataDir, "sandboxd.db") }
+
+// ResourcePrefix names every host resource of the server with this data
+// directory, so servers with different data directories never collide.
+func ResourcePrefix(dataDir string) string {
+	sum := sha256.Sum256([]byte(dataDir))
+	return "sbx" + hex.EncodeToString(sum[:3])
+}
+
+var nameRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9 ._-]{0,63}$`)
+
+// ValidName checks an organization, user or token name.
+func ValidName(s string) error {
+	if !nameRe.MatchString(s) {
+		return errors.New("1-64 characters of letters, digits, space, '.', '_' or '-', starting with a letter or digit")
+	}
+	return nil
+}
+
+// BinDir is the directory of the running executable (runsc and the agent
+// are looked up next to it).
+func BinDir() string {
+	exe, err := os.Executable()
+	if err != nil {
+		return "."
+	}
+	return filepath.Dir(exe)
+}
+
+// New opens the store, makes sure the image exists and prepares the runtime.
+// out receives what an operator must see (first start's owner token, image
+// build progress).
+func New(ctx context.Context, cfg *Config, out io.Writer) (*Server, error) {
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("server", cfg.Listen)
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("data dir: %w", err)
+	}
+	db, err := store.Open(DBPath(cfg.DataDir))
+	if err != nil {
+		return nil, err
+	}
+	db.OnError = func(err error) { log.Error("store", "err", err) }
+	ok := false
+	defer func() {
+		if !ok {
+			db.Close()
+		}
+	}()
+	if err := bootstrap(ctx, db, cfg.DataDir, out); err != nil {
+		return nil, err
+	}
+	recipe, err := cfg.ImageRecipe()
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Image.AutoBuild {
+		fmt.Fprintf(out, "image: %s (building if missing; the first build takes a few minutes)\n", recipe.Key())
+	}
+	img, err := image.Ensure(ctx, cfg.Image.CacheDir, recipe, cfg.Image.AutoBuild, out)
+	if err != nil {
+		if errors.Is(err, image.ErrMissing) {
+			return nil, fmt.Errorf("default image %s is missing: run `make image` (or start without --no-image-build)", recipe.Key())
+		}
+		return nil, err
+	}
+	bin := cfg.Runsc.Binary
+	if bin == "" {
+		bin = filepath.Join(BinDir(), "runsc")
+	}
+	rt, err := runsc.New(runsc.Config{
+		Binary:   bin,
+		StateDir: cfg.DataDir,
+		Agent:    filepath.Join(BinDir(), "sandboxd-agent"),
+		Prefix:   ResourcePrefix(cfg.DataDir),
+		Platform: cfg.Runsc.Platform,
+		Debug:    cfg.Runsc.Debug,
+		Logger:   log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	s := newServer(cfg, db, rt, img, log)
+	ok = true
+	return s, nil
+}
+
+func newServer(cfg *Config, db *store.DB, rt Runtime, img string, log *slog.Logger) *Server {
+	s := &Server{cfg: cfg, db: db, rt: rt, image: img, log: log}
+	s.sb = newManager(s)
+	s.engine = s.routes()
+	return s
+}
+
+// bootstrap creates the first organization and owner on an empty data dir,
+// prints the owner token once and writes it to owner.token (0600).
+func bootstrap(ctx context.Context, db *store.DB, dataDir string, out io.Writer) error {
+	p, token, created, err := db.Bootstrap(ctx, "default", "owner")
+	if err != nil {
+		return fmt.Errorf("bootstrap: %w", err)
+	}
+	if !created {
+		return nil
+	}
+	path := filepath.Join(dataDir, "owner.token")
+	if err := os.WriteFile(path, []byte(token+"\n"), 0o600); err != nil {
+		return fmt.Errorf("write owner token: %w", err)
+	}
+	fmt.Fprintf(out, "first start: created organization %q (%s) with an owner.\n", p.Org.Name, p.Org.ID)
+	fmt.Fprintf(out, "owner token (shown once, also in %s, mode 0600):\n\n    %s\n\n", path, token)
+	return nil
+}
+
+// Handler is the HTTP handler of the API.
+func (s *Server) Handler() http.Handler { return s.engine }
+
+// Start reconciles the store with the running sandboxes and starts the
+// background monitor.
+func (s *Server) Start(ctx context.Context) error {
+	if err := s.sb.reconcile(ctx); err != nil {
+		return fmt.Errorf("reconcile: %w", err)
+	}
+	s.sb.startMonitor()
+	return nil
+}
+
+// Close stops background work and flushes the store (the audit log is
+// written completely). Sandboxes keep running.
+func (s *Server) Close() error {
+	s.sb.stop()
+	return s.db.Close()
+}
+
+// Run serves until ctx is done, then shuts down gracefully.
+func Run(ctx context.Context, cfg *Config, out io.Writer) error {
+	s, err := New(ctx, cfg, out)
+	if err != nil {
+		return err
+	}
+	if err := s.Start(ctx); err != nil {
+		s.Close()
+		return err
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		s.Close()
+		return err
+	}
+	hs := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	fmt.Fprintf(out, "sandboxd listening on http://%s (data dir %s)\n", ln.Addr(), cfg.DataDir)
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(ln) }()
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		s.Close()
+		return err
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	hs.Shutdown(sctx)
+	fmt.Fprintln(out, "sandboxd stopped; sandboxes keep running and are picked up at the next start")
+	return s.Close()
+}
+
+func newRequestID() string {
+	var b [12]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}

@@ -1,0 +1,70 @@
+package server
+
+import (
+	"path"
+	"regexp"
+	"strings"
+)
+
+var (
+	sessionIDRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+	repoOwnerRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9-]{0,38}$`)
+	repoNameRe  = regexp.MustCompile(`^[A-Za-z0-9._-]{1,100}$`)
+	branchRe    = regexp.MustCompile(`^[A-Za-z0-9._/-]{1,255}$`)
+	envKeyRe    = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
+)
+
+// validSessionID: 1-128 of [A-Za-z0-9._-], starting with a letter or digit.
+func validSessionID(s string) bool { return sessionIDRe.MatchString(s) }
+
+// validRepo: owner/name as GitHub allows them.
+func validRepo(s string) bool {
+	owner, name, ok := strings.Cut(s, "/")
+	return ok && repoOwnerRe.MatchString(owner) && repoNameRe.MatchString(name) && name != "." && name != ".."
+}
+
+// validBranch applies git's ref-name rules (git check-ref-format) on top of
+// a strict character set.
+func validBranch(s string) bool {
+	if !branchRe.MatchString(s) || s == "@" {
+		return false
+	}
+	if strings.HasPrefix(s, "/") || strings.HasSuffix(s, "/") || strings.HasSuffix(s, ".") ||
+		strings.Contains(s, "..") || strings.Contains(s, "//") || strings.Contains(s, "@{") ||
+		strings.HasPrefix(s, "-") {
+		return false
+	}
+	for _, comp := range strings.Split(s, "/") {
+		if strings.HasPrefix(comp, ".") || strings.HasSuffix(comp, ".lock") {
+			return false
+		}
+	}
+	return true
+}
+
+// reservedEnv are variables the platform sets; a client may not override them.
+var reservedEnv = map[string]bool{"HOME": true, "USER": true, "LOGNAME": true, "SHELL": true}
+
+// checkEnv validates an env map; field names the JSON field for messages.
+func checkEnv(field string, env map[string]string) *APIError {
+	if len(env) > 256 {
+		return badRequest("%s: at most 256 variables", field)
+	}
+	for k, v := range env {
+		if !envKeyRe.MatchString(k) {
+			return badRequest("%s: invalid variable name (letters, digits, '_', not starting with a digit)", field)
+		}
+		if reservedEnv[k] {
+			return badRequest("%s: %s is set by the platform", field, k)
+		}
+		if strings.ContainsRune(v, 0) || len(v) > 128*1024 {
+			return badRequest("%s: value of %s must not contain NUL and must be under 128 KiB", field, k)
+		}
+	}
+	return nil
+}
+
+// validCwd: an absolute, clean path without NUL.
+func validCwd(p string) bool {
+	return strings.HasPrefix(p, "/") && len(p) <= 4096 && !strings.ContainsRune(p, 0) && path.Clean(p) == p
+}

@@ -1,0 +1,160 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+)
+
+// migrations are applied in order; migrations[i] has version i+1. Never edit
+// an applied migration: append a new one.
+var migrations = []string{
+	// 1: initial schema. Times are INTEGER unix nanoseconds, UTC.
+	`
+CREATE TABLE orgs (
+	id         TEXT PRIMARY KEY,
+	name       TEXT NOT NULL,
+	created_at INTEGER NOT NULL
+);
+
+CREATE TABLE users (
+	id         TEXT PRIMARY KEY,
+	name       TEXT NOT NULL,
+	created_at INTEGER NOT NULL
+);
+
+CREATE TABLE memberships (
+	org_id     TEXT NOT NULL REFERENCES orgs(id) ON DELETE CASCADE,
+	user_id    TEXT NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+	role       TEXT NOT NULL CHECK (role IN ('owner', 'admin', 'developer', 'viewer')),
+	created_at INTEGER NOT NULL,
+	PRIMARY KEY (org_id, user_id)
+);
+CREATE INDEX memberships_user ON memberships(user_id);
+
+CREATE TABLE projects (
+	id         TEXT PRIMARY KEY,
+	org_id     TEXT NOT NULL REFERENCES orgs(id) ON DELETE CASCADE,
+	name       TEXT NOT NULL,
+	is_default INTEGER NOT NULL DEFAULT 0,
+	created_at INTEGER NOT NULL
+);
+CREATE INDEX projects_org ON projects(org_id);
+CREATE UNIQUE INDEX projects_org_default ON projects(org_id) WHERE is_default = 1;
+
+CREATE TABLE tokens (
+	id           TEXT PRIMARY KEY,
+	org_id       TEXT NOT NULL REFERENCES orgs(id) ON DELETE CASCADE,
+	user_id      TEXT NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+	name         TEXT NOT NULL,
+	hash         TEXT NOT NULL,
+	created_at   INTEGER NOT NULL,
+	last_used_at INTEGER,
+	revoked_at   INTEGER
+);
+CREATE UNIQUE INDEX tokens_hash ON tokens(hash);
+CREATE INDEX tokens_org_user ON tokens(org_id, user_id);
+
+CREATE TABLE sessions (
+	id                   TEXT PRIMARY KEY,
+	org_id               TEXT NOT NULL REFERENCES orgs(id) ON DELETE CASCADE,
+	project_id           TEXT NOT NULL,
+	session_id           TEXT NOT NULL,
+	created_by           TEXT NOT NULL,
+	container_id         TEXT NOT NULL DEFAULT '',
+	status               TEXT NOT NULL,
+	status_reason        TEXT NOT NULL DEFAULT '',
+	size                 TEXT NOT NULL DEFAULT '',
+	requested_size       TEXT NOT NULL DEFAULT '',
+	vcpus                INTEGER NOT NULL DEFAULT 0,
+	memory_mib           INTEGER NOT NULL DEFAULT 0,
+	disk_mib             INTEGER NOT NULL DEFAULT 0,
+	pids                 INTEGER NOT NULL DEFAULT 0,
+	credits_per_hour     REAL NOT NULL DEFAULT 0,
+	git_repo             TEXT NOT NULL DEFAULT '',
+	git_branch           TEXT NOT NULL DEFAULT '',
+	env                  TEXT NOT NULL DEFAULT 'null',
+	secret_names         TEXT NOT NULL DEFAULT 'null',
+	idle_timeout_seconds INTEGER NOT NULL DEFAULT 0,
+	egress_bytes_used    INTEGER NOT NULL DEFAULT 0,
+	egress_bytes_limit   INTEGER NOT NULL DEFAULT 0,
+	credits_used         REAL NOT NULL DEFAULT 0,
+	created_at           INTEGER NOT NULL,
+	started_at           INTEGER,
+	stopped_at           INTEGER,
+	updated_at           INTEGER NOT NULL
+);
+CREATE UNIQUE INDEX sessions_org_session ON sessions(org_id, session_id);
+CREATE INDEX sessions_org_created ON sessions(org_id, created_at);
+CREATE INDEX sessions_status ON sessions(status);
+
+CREATE TABLE audit (
+	id          INTEGER PRIMARY KEY AUTOINCREMENT,
+	time        INTEGER NOT NULL,
+	org_id      TEXT NOT NULL DEFAULT '',
+	user_id     TEXT NOT NULL DEFAULT '',
+	token_id    TEXT NOT NULL DEFAULT '',
+	action      TEXT NOT NULL DEFAULT '',
+	session_id  TEXT NOT NULL DEFAULT '',
+	outcome     TEXT NOT NULL DEFAULT '',
+	status      INTEGER NOT NULL DEFAULT 0,
+	remote_addr TEXT NOT NULL DEFAULT '',
+	request_id  TEXT NOT NULL DEFAULT '',
+	details     TEXT NOT NULL DEFAULT 'null'
+);
+CREATE INDEX audit_org_time ON audit(org_id, time);
+CREATE INDEX audit_org_session_time ON audit(org_id, session_id, time);
+CREATE INDEX audit_time ON audit(time);
+`,
+	// 2: secrets given at provision, kept to inject into every command and to
+	// redact from output; never returned by the API.
+	`
+CREATE TABLE session_secrets (
+	session_pk TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+	name       TEXT NOT NULL,
+	value      TEXT NOT NULL,
+	PRIMARY KEY (session_pk, name)
+);
+`,
+}
+
+// migrate applies every migration not yet recorded in schema_migrations,
+// each in its own (immediate) transaction, so concurrent openers of the same
+// file do not apply a migration twice.
+func migrate(ctx context.Context, w *sql.DB, now int64) error {
+	if _, err := w.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
+		version    INTEGER PRIMARY KEY,
+		applied_at INTEGER NOT NULL
+	)`); err != nil {
+		return fmt.Errorf("create schema_migrations: %w", err)
+	}
+	for i, m := range migrations {
+		version := i + 1
+		if err := applyMigration(ctx, w, version, m, now); err != nil {
+			return fmt.Errorf("migration %d: %w", version, err)
+		}
+	}
+	return nil
+}
+
+func applyMigration(ctx context.Context, w *sql.DB, version int, stmt string, now int64) error {
+	tx, err := w.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	var n int
+	if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM schema_migrations WHERE version = ?`, version).Scan(&n); err != nil {
+		return err
+	}
+	if n > 0 {
+		return nil
+	}
+	if _, err := tx.ExecContext(ctx, stmt); err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO schema_migrations(version, applied_at) VALUES (?, ?)`, version, now); err != nil {
+		return err
+	}
+	return tx.Commit()
+}

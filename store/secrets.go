@@ -1,0 +1,40 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+)
+
+// SetSecrets replaces the secrets of a session (by internal id).
+func (db *DB) SetSecrets(ctx context.Context, sessionPK string, secrets map[string]string) error {
+	return db.withTx(ctx, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, `DELETE FROM session_secrets WHERE session_pk = ?`, sessionPK); err != nil {
+			return fmt.Errorf("set secrets: %w", err)
+		}
+		for k, v := range secrets {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO session_secrets(session_pk, name, value) VALUES (?, ?, ?)`, sessionPK, k, v); err != nil {
+				return fmt.Errorf("set secrets: %w", err)
+			}
+		}
+		return nil
+	})
+}
+
+// Secrets returns the secrets of a session (by internal id), name -> value.
+func (db *DB) Secrets(ctx context.Context, sessionPK string) (map[string]string, error) {
+	rows, err := db.r.QueryContext(ctx, `SELECT name, value FROM session_secrets WHERE session_pk = ?`, sessionPK)
+	if err != nil {
+		return nil, fmt.Errorf("secrets: %w", err)
+	}
+	defer rows.Close()
+	out := map[string]string{}
+	for rows.Next() {
+		var k, v string
+		if err := rows.Scan(&k, &v); err != nil {
+			return nil, fmt.Errorf("secrets: %w", err)
+		}
+		out[k] = v
+	}
+	return out, rows.Err()
+}

@@ -1,0 +1,214 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"time"
+)
+
+// Session is one sandbox session. SessionID is named by the client and is
+// unique per org forever, even after the session is deleted.
+type Session struct {
+	ID                                string // internal id "ses_..."
+	OrgID, ProjectID, SessionID       string
+	CreatedBy                         string
+	ContainerID                       string // runtime container id (set by caller)
+	Status                            string // provisioning|running|paused|stopping|stopped|failed|deleted
+	StatusReason                      string // e.g. "oom", "" normally
+	Size, RequestedSize               string
+	VCPUs, MemoryMiB, DiskMiB, Pids   int
+	CreditsPerHour                    float64
+	GitRepo, GitBranch                string
+	Env                               map[string]string // stored as JSON
+	SecretNames                       []string          // names only, stored as JSON
+	IdleTimeoutSeconds                int
+	EgressBytesUsed, EgressBytesLimit int64
+	CreditsUsed                       float64
+	CreatedAt                         time.Time
+	StartedAt, StoppedAt              *time.Time
+	UpdatedAt                         time.Time
+}
+
+const sessionCols = `id, org_id, project_id, session_id, created_by, container_id, status, status_reason,
+	size, requested_size, vcpus, memory_mib, disk_mib, pids, credits_per_hour, git_repo, git_branch,
+	env, secret_names, idle_timeout_seconds, egress_bytes_used, egress_bytes_limit, credits_used,
+	created_at, started_at, stopped_at, updated_at`
+
+func scanSession(r rowScanner) (Session, error) {
+	var (
+		s                Session
+		env, secrets     string
+		created, updated int64
+		started, stopped sql.NullInt64
+	)
+	err := r.Scan(&s.ID, &s.OrgID, &s.ProjectID, &s.SessionID, &s.CreatedBy, &s.ContainerID, &s.Status, &s.StatusReason,
+		&s.Size, &s.RequestedSize, &s.VCPUs, &s.MemoryMiB, &s.DiskMiB, &s.Pids, &s.CreditsPerHour, &s.GitRepo, &s.GitBranch,
+		&env, &secrets, &s.IdleTimeoutSeconds, &s.EgressBytesUsed, &s.EgressBytesLimit, &s.CreditsUsed,
+		&created, &started, &stopped, &updated)
+	if err != nil {
+		return Session{}, err
+	}
+	if err := json.Unmarshal([]byte(env), &s.Env); err != nil {
+		return Session{}, fmt.Errorf("session %s env: %w", s.ID, err)
+	}
+	if err := json.Unmarshal([]byte(secrets), &s.SecretNames); err != nil {
+		return Session{}, fmt.Errorf("session %s secret names: %w", s.ID, err)
+	}
+	s.CreatedAt, s.UpdatedAt = fromTS(created), fromTS(updated)
+	s.StartedAt, s.StoppedAt = fromNullTS(started), fromNullTS(stopped)
+	return s, nil
+}
+
+func normTimePtr(t *time.Time) *time.Time {
+	if t == nil {
+		return nil
+	}
+	n := normTime(*t)
+	return &n
+}
+
+// InsertSession inserts s, filling ID, Status (provisioning), CreatedAt and
+// UpdatedAt when empty. A (OrgID, SessionID) pair that already exists, in any
+// status including deleted, yields ErrConflict.
+func (db *DB) InsertSession(ctx context.Context, s *Session) error {
+	now := db.now()
+	if s.ID == "" {
+		s.ID = newID("ses")
+	}
+	if s.Status == "" {
+		s.Status = StatusProvisioning
+	}
+	if s.CreatedAt.IsZero() {
+		s.CreatedAt = now
+	}
+	if s.UpdatedAt.IsZero() {
+		s.UpdatedAt = now
+	}
+	s.CreatedAt, s.UpdatedAt = normTime(s.CreatedAt), normTime(s.UpdatedAt)
+	s.StartedAt, s.StoppedAt = normTimePtr(s.StartedAt), normTimePtr(s.StoppedAt)
+	env, err := marshalJSON(s.Env)
+	if err != nil {
+		return fmt.Errorf("store: insert session %s: env: %w", s.SessionID, err)
+	}
+	secrets, err := marshalJSON(s.SecretNames)
+	if err != nil {
+		return fmt.Errorf("store: insert session %s: secret names: %w", s.SessionID, err)
+	}
+	_, err = db.w.ExecContext(ctx, `INSERT INTO sessions(`+sessionCols+`)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		s.ID, s.OrgID, s.ProjectID, s.SessionID, s.CreatedBy, s.ContainerID, s.Status, s.StatusReason,
+		s.Size, s.RequestedSize, s.VCPUs, s.MemoryMiB, s.DiskMiB, s.Pids, s.CreditsPerHour, s.GitRepo, s.GitBranch,
+		env, secrets, s.IdleTimeoutSeconds, s.EgressBytesUsed, s.EgressBytesLimit, s.CreditsUsed,
+		ts(s.CreatedAt), nullTS(s.StartedAt), nullTS(s.StoppedAt), ts(s.UpdatedAt))
+	if isUnique(err) {
+		err = ErrConflict
+	}
+	if err != nil {
+		return fmt.Errorf("store: insert session %s: %w", s.SessionID, err)
+	}
+	return nil
+}
+
+// GetSession returns the org's session by client session id. Deleted
+// sessions yield ErrNotFound.
+func (db *DB) GetSession(ctx context.Context, orgID, sessionID string) (Session, error) {
+	s, err := scanSession(db.r.QueryRowContext(ctx, `SELECT `+sessionCols+` FROM sessions
+		WHERE org_id = ? AND session_id = ? AND status <> ?`, orgID, sessionID, StatusDeleted))
+	if err != nil {
+		return Session{}, fmt.Errorf("store: get session %s: %w", sessionID, notFound(err))
+	}
+	return s, nil
+}
+
+// GetSessionByID returns a session by internal id, in any status.
+func (db *DB) GetSessionByID(ctx context.Context, id string) (Session, error) {
+	s, err := scanSession(db.r.QueryRowContext(ctx, `SELECT `+sessionCols+` FROM sessions WHERE id = ?`, id))
+	if err != nil {
+		return Session{}, fmt.Errorf("store: get session %s: %w", id, notFound(err))
+	}
+	return s, nil
+}
+
+// ListSessions lists the org's sessions newest first. status "" lists all
+// but deleted sessions; otherwise only sessions with that status.
+func (db *DB) ListSessions(ctx context.Context, orgID, status string) ([]Session, error) {
+	q := `SELECT ` + sessionCols + ` FROM sessions WHERE org_id = ? AND status <> ? ORDER BY created_at DESC, rowid DESC`
+	args := []any{orgID, StatusDeleted}
+	if status != "" {
+		q = `SELECT ` + sessionCols + ` FROM sessions WHERE org_id = ? AND status = ? ORDER BY created_at DESC, rowid DESC`
+		args = []any{orgID, status}
+	}
+	out, err := db.querySessions(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("store: list sessions: %w", err)
+	}
+	return out, nil
+}
+
+// ListLiveSessions lists sessions of all orgs whose status is provisioning,
+// running, paused or stopping, oldest first.
+func (db *DB) ListLiveSessions(ctx context.Context) ([]Session, error) {
+	out, err := db.querySessions(ctx, `SELECT `+sessionCols+` FROM sessions
+		WHERE status IN (?, ?, ?, ?) ORDER BY created_at, rowid`,
+		StatusProvisioning, StatusRunning, StatusPaused, StatusStopping)
+	if err != nil {
+		return nil, fmt.Errorf("store: list live sessions: %w", err)
+	}
+	return out, nil
+}
+
+func (db *DB) querySessions(ctx context.Context, q string, args ...any) ([]Session, error) {
+	rows, err := db.r.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Session
+	for rows.Next() {
+		s, err := scanSession(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, s)
+	}
+	return out, rows.Err()
+}
+
+// UpdateSession writes the mutable fields of s by ID: container id, status,
+// reason, size and limits, idle timeout, usage counters, started/stopped
+// times; UpdatedAt is set to now. ErrNotFound if no such row.
+func (db *DB) UpdateSession(ctx context.Context, s *Session) error {
+	s.UpdatedAt = db.now()
+	s.StartedAt, s.StoppedAt = normTimePtr(s.StartedAt), normTimePtr(s.StoppedAt)
+	res, err := db.w.ExecContext(ctx, `UPDATE sessions SET
+		container_id = ?, status = ?, status_reason = ?, size = ?, vcpus = ?, memory_mib = ?, disk_mib = ?, pids = ?,
+		credits_per_hour = ?, idle_timeout_seconds = ?, egress_bytes_used = ?, egress_bytes_limit = ?, credits_used = ?,
+		started_at = ?, stopped_at = ?, updated_at = ?
+		WHERE id = ?`,
+		s.ContainerID, s.Status, s.StatusReason, s.Size, s.VCPUs, s.MemoryMiB, s.DiskMiB, s.Pids,
+		s.CreditsPerHour, s.IdleTimeoutSeconds, s.EgressBytesUsed, s.EgressBytesLimit, s.CreditsUsed,
+		nullTS(s.StartedAt), nullTS(s.StoppedAt), ts(s.UpdatedAt), s.ID)
+	if err == nil {
+		err = mustAffect(res)
+	}
+	if err != nil {
+		return fmt.Errorf("store: update session %s: %w", s.ID, err)
+	}
+	return nil
+}
+
+// DeleteSessionRow removes the row completely; it is only for undoing a
+// failed provision. To delete a session, set Status to "deleted" and call
+// UpdateSession. ErrNotFound if no such row.
+func (db *DB) DeleteSessionRow(ctx context.Context, id string) error {
+	res, err := db.w.ExecContext(ctx, `DELETE FROM sessions WHERE id = ?`, id)
+	if err == nil {
+		err = mustAffect(res)
+	}
+	if err != nil {
+		return fmt.Errorf("store: delete session row %s: %w", id, err)
+	}
+	return nil
+}
