@@ -233,13 +233,28 @@ func (r *Runtime) check(st runscState) State {
 	switch st.Status {
 	case "running", "created":
 		s.Status = Status(st.Status)
-		if st.Pid <= 0 || syscall.Kill(st.Pid, 0) != nil {
+		if !pidAlive(st.Pid) {
 			s.Status = StatusStopped
 		}
 	default:
 		s.Status = StatusStopped
 	}
 	return s
+}
+
+// pidAlive reports whether pid runs (a zombie, which an ancestor has not
+// reaped yet, does not).
+func pidAlive(pid int) bool {
+	if pid <= 0 || syscall.Kill(pid, 0) != nil {
+		return false
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// pid (comm) state ...: comm may hold spaces and parentheses.
+	i := strings.LastIndexByte(string(b), ')')
+	return i < 0 || i+2 >= len(b) || (b[i+2] != 'Z' && b[i+2] != 'X')
 }
 
 // List returns the states of this runtime's sandboxes known to runsc.

@@ -22,6 +22,7 @@ type Config struct {
 	TrustedProxies []string `yaml:"trustedProxies"`
 	Runsc          struct {
 		Binary   string `yaml:"binary"`
+		Agent    string `yaml:"agent"`
 		Platform string `yaml:"platform"`
 		Debug    bool   `yaml:"debug"`
 	} `yaml:"runsc"`

@@ -121,10 +121,14 @@ func New(ctx context.Context, cfg *Config, out io.Writer) (*Server, error) {
 	if bin == "" {
 		bin = filepath.Join(BinDir(), "runsc")
 	}
+	agent := cfg.Runsc.Agent
+	if agent == "" {
+		agent = filepath.Join(BinDir(), "sandboxd-agent")
+	}
 	rt, err := runsc.New(runsc.Config{
 		Binary:   bin,
 		StateDir: cfg.DataDir,
-		Agent:    filepath.Join(BinDir(), "sandboxd-agent"),
+		Agent:    agent,
 		Prefix:   ResourcePrefix(cfg.DataDir),
 		Platform: cfg.Runsc.Platform,
 		Debug:    cfg.Runsc.Debug,
