@@ -35,7 +35,7 @@ test-unit:
 	$(GO) test -count=1 -short ./...
 
 bench: build root-check image
-	SANDBOXD_BIN=$(BIN) $(GO) test -count=1 -run '^$$' -bench . -benchtime 20x -timeout 30m ./bench/
+	SANDBOXD_BIN=$(BIN) $(GO) test -count=1 -run '^$$' -bench . -benchtime 20x -timeout 30m ./server/
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')

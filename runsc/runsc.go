@@ -100,7 +100,12 @@ func (r *Runtime) ContainerID(orgID, sessionID string) string {
 
 // Owns reports whether id was made by this Runtime's prefix.
 func (r *Runtime) Owns(id string) bool {
-	return strings.HasPrefix(id, r.cfg.Prefix+"-") && len(id) == len(r.cfg.Prefix)+17
+	rest, ok := strings.CutPrefix(id, r.cfg.Prefix+"-")
+	if !ok || len(rest) != 16 {
+		return false
+	}
+	_, err := hex.DecodeString(rest)
+	return err == nil
 }
 
 func (r *Runtime) dir(id string) string { return filepath.Join(r.cfg.StateDir, "sandboxes", id) }

@@ -2,6 +2,7 @@ package runsc
 
 import (
 	"fmt"
+	"slices"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
@@ -60,9 +61,9 @@ func BuildSpec(sb Sandbox, p sandboxPaths, cgroupsPath string) *specs.Spec {
 			Env:  []string{"PATH=" + BasePath},
 			Cwd:  "/",
 			Capabilities: &specs.LinuxCapabilities{
-				Bounding:  initCaps,
-				Effective: initCaps,
-				Permitted: initCaps,
+				Bounding:  slices.Clone(initCaps),
+				Effective: slices.Clone(initCaps),
+				Permitted: slices.Clone(initCaps),
 			},
 			Rlimits: []specs.POSIXRlimit{
 				{Type: "RLIMIT_NPROC", Hard: nproc, Soft: nproc},

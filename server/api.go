@@ -197,7 +197,7 @@ func decodeJSON(c *gin.Context, v any) error {
 	if err := dec.Decode(v); err != nil {
 		return jsonError(err)
 	}
-	if dec.More() {
+	if _, err := dec.Token(); err != io.EOF {
 		return badRequest("request body has data after the JSON object")
 	}
 	return nil

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -89,7 +90,7 @@ func LoadConfig(flags Overrides) (*Config, error) {
 func decodeStrict(b []byte, v any) error {
 	dec := yaml.NewDecoder(bytes.NewReader(b))
 	dec.KnownFields(true)
-	if err := dec.Decode(v); err != nil && err.Error() != "EOF" {
+	if err := dec.Decode(v); err != nil && !errors.Is(err, io.EOF) {
 		return err
 	}
 	return nil

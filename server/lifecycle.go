@@ -153,19 +153,19 @@ func (m *manager) teardown(ctx context.Context, ses *store.Session) (teardownRes
 	default:
 		return res, conflict("session is %s; only a running or failed session can be torn down", ses.Status)
 	}
-	wasLive := ses.Status == store.StatusRunning
 	if ses.Status != store.StatusStopping {
+		wasLive := ses.Status == store.StatusRunning
 		if err := m.setStatus(ctx, ses, store.StatusStopping, ses.StatusReason); err != nil {
 			return res, err
+		}
+		if wasLive {
+			m.release() // a stopping session holds no capacity slot
 		}
 	}
 	res.WorkspaceBytes = dirBytes(m.s.rt.WorkspaceDir(ses.ContainerID))
 	if err := m.s.rt.Destroy(context.Background(), ses.ContainerID, true); err != nil {
 		m.s.log.Error("teardown", "session", ses.SessionID, "err", err)
 		return res, apiErr(http.StatusServiceUnavailable, "unavailable", "the sandbox could not be stopped completely; retry the teardown")
-	}
-	if wasLive {
-		m.release()
 	}
 	reason := ses.StatusReason
 	return res, m.setStatus(context.Background(), ses, store.StatusStopped, reason)
@@ -182,7 +182,9 @@ func (m *manager) remove(ctx context.Context, ses *store.Session) error {
 		return apiErr(http.StatusServiceUnavailable, "unavailable", "the sandbox could not be removed completely; retry the delete")
 	}
 	if ses.Status == store.StatusRunning || ses.Status == store.StatusStopping {
-		m.release()
+		if ses.Status == store.StatusRunning {
+			m.release()
+		}
 		now := m.now()
 		ses.StoppedAt = &now
 		ses.CreditsUsed += credits(ses, now)

@@ -207,9 +207,8 @@ func (s *Server) teardown(c *gin.Context) {
 	}
 	unlock := s.sb.lock(ses.ID)
 	defer unlock()
-	cur, err := s.db.GetSessionByID(c.Request.Context(), ses.ID)
-	if err != nil {
-		s.writeError(c, err)
+	cur, ok := s.reload(c, ses)
+	if !ok {
 		return
 	}
 	res, err := s.sb.teardown(c.Request.Context(), &cur)
@@ -230,9 +229,8 @@ func (s *Server) deleteSandbox(c *gin.Context) {
 	}
 	unlock := s.sb.lock(ses.ID)
 	defer unlock()
-	cur, err := s.db.GetSessionByID(c.Request.Context(), ses.ID)
-	if err != nil {
-		s.writeError(c, err)
+	cur, ok := s.reload(c, ses)
+	if !ok {
 		return
 	}
 	if err := s.sb.remove(c.Request.Context(), &cur); err != nil {
@@ -240,6 +238,21 @@ func (s *Server) deleteSandbox(c *gin.Context) {
 		return
 	}
 	c.Status(http.StatusNoContent)
+}
+
+// reload re-reads a session under its lock (it may have changed or, after a
+// failed provision, disappeared while the caller waited).
+func (s *Server) reload(c *gin.Context, ses *store.Session) (store.Session, bool) {
+	cur, err := s.db.GetSessionByID(c.Request.Context(), ses.ID)
+	if err != nil {
+		if errors.Is(err, store.ErrNotFound) || cur.Status == store.StatusDeleted {
+			s.writeError(c, errNotFound)
+		} else {
+			s.writeError(c, err)
+		}
+		return cur, false
+	}
+	return cur, true
 }
 
 type execRequest struct {
@@ -310,7 +323,8 @@ func (s *Server) terminal(c *gin.Context) {
 		s.writeError(c, err)
 		return
 	}
-	out := newCappedOutput(s.cfg.Limits.ExecOutputBytes)
+	limit := s.cfg.Limits.ExecOutputBytes
+	out := newCappedOutput(limit + longest(secrets))
 	xr := runsc.ExecRequest{
 		Args:    []string{"/bin/bash", "-lc", req.Command},
 		Env:     commandEnv(ses.Env, secrets, req.Env),
@@ -342,15 +356,18 @@ func (s *Server) terminal(c *gin.Context) {
 		}
 		s.noteDeadReason(ses, reason)
 	}
+	// stdout and stderr share the cap: stdout first, stderr gets the rest.
+	stdout, cut1 := capAfterRedact(out.stdout.Bytes(), limit, secrets)
+	stderr, cut2 := capAfterRedact(out.stderr.Bytes(), limit-len(stdout), secrets)
 	auditDetail(c, "exitCode", res.ExitCode)
 	auditDetail(c, "durationMs", res.Duration.Milliseconds())
 	c.JSON(http.StatusOK, execResponse{
 		ExitCode:   res.ExitCode,
-		Stdout:     redact(out.stdout.String(), secrets),
-		Stderr:     redact(out.stderr.String(), secrets),
+		Stdout:     stdout,
+		Stderr:     stderr,
 		DurationMs: res.Duration.Milliseconds(),
 		TimedOut:   res.TimedOut,
-		Truncated:  out.truncated,
+		Truncated:  out.truncated || cut1 || cut2,
 		OOM:        res.OOM,
 	})
 }
@@ -391,15 +408,46 @@ func commandEnv(sessionEnv, secrets, reqEnv map[string]string) []string {
 	return out
 }
 
-// redact replaces known secret values in fully buffered output.
-// TODO(scrubber): the streaming scrubber (encodings, patterns) replaces this.
+// redact replaces known secret values in fully buffered output, longest
+// value first so that a secret containing another is redacted whole.
+// The streaming scrubber (encodings, patterns; issue 3) will replace this.
 func redact(s string, secrets map[string]string) string {
+	names := make([]string, 0, len(secrets))
 	for name, v := range secrets {
 		if len(v) >= minSecretLen {
-			s = strings.ReplaceAll(s, v, "[REDACTED:"+name+"]")
+			names = append(names, name)
 		}
 	}
-	return s
+	if len(names) == 0 {
+		return s
+	}
+	sort.Slice(names, func(i, j int) bool { return len(secrets[names[i]]) > len(secrets[names[j]]) })
+	pairs := make([]string, 0, 2*len(names))
+	for _, n := range names {
+		pairs = append(pairs, secrets[n], "[REDACTED:"+n+"]")
+	}
+	return strings.NewReplacer(pairs...).Replace(s)
+}
+
+// longest returns the length of the longest secret value.
+func longest(secrets map[string]string) int {
+	n := 0
+	for _, v := range secrets {
+		n = max(n, len(v))
+	}
+	return n
+}
+
+// capAfterRedact redacts, then cuts to limit bytes. The output was captured
+// with room for one more secret past the limit, so a secret that starts
+// before the limit is redacted whole instead of leaking its beginning.
+func capAfterRedact(b []byte, limit int, secrets map[string]string) (string, bool) {
+	cut := len(b) > limit
+	s := redact(string(b), secrets)
+	if cut && len(s) > limit {
+		s = s[:limit]
+	}
+	return s, cut
 }
 
 // cappedOutput collects stdout and stderr up to a shared byte cap and keeps
