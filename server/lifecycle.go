@@ -45,13 +45,57 @@ type manager struct {
 	mu    sync.Mutex
 	locks map[string]*sync.Mutex // by session pk
 	live  int                    // sandboxes provisioning or running
+	// activity tracks use for idle timeouts: commands running now and the
+	// last time one started or ended, by session pk.
+	activity map[string]*activity
 	done  chan struct{}
 	wg    sync.WaitGroup
 	now   func() time.Time
 }
 
 func newManager(s *Server) *manager {
-	return &manager{s: s, locks: map[string]*sync.Mutex{}, done: make(chan struct{}), now: func() time.Time { return time.Now().UTC() }}
+	return &manager{s: s, locks: map[string]*sync.Mutex{}, activity: map[string]*activity{}, done: make(chan struct{}), now: func() time.Time { return time.Now().UTC() }}
+}
+
+type activity struct {
+	running int
+	last    time.Time
+}
+
+// begin records that a command started in a session; the returned func
+// records its end.
+func (m *manager) begin(pk string) func() {
+	m.mu.Lock()
+	a := m.activity[pk]
+	if a == nil {
+		a = &activity{}
+		m.activity[pk] = a
+	}
+	a.running++
+	a.last = m.now()
+	m.mu.Unlock()
+	return func() {
+		m.mu.Lock()
+		a.running--
+		a.last = m.now()
+		m.mu.Unlock()
+	}
+}
+
+// idle reports whether a session has run nothing for longer than its idle
+// timeout (0: never idle). Time without a record counts from first sight.
+func (m *manager) idle(ses *store.Session, now time.Time) bool {
+	if ses.IdleTimeoutSeconds <= 0 {
+		return false
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	a := m.activity[ses.ID]
+	if a == nil {
+		m.activity[ses.ID] = &activity{last: now}
+		return false
+	}
+	return a.running == 0 && now.Sub(a.last) > time.Duration(ses.IdleTimeoutSeconds)*time.Second
 }
 
 func (m *manager) lock(pk string) func() {
@@ -312,6 +356,12 @@ func (m *manager) sweep() {
 		// Re-read under the lock: the session may have moved on.
 		if cur, err := m.s.db.GetSessionByID(ctx, ses.ID); err == nil {
 			m.checkAlive(ctx, &cur)
+			if cur.Status == store.StatusRunning && m.idle(&cur, m.now()) {
+				m.s.log.Info("idle timeout: tearing down", "session", cur.SessionID, "idleTimeoutSeconds", cur.IdleTimeoutSeconds)
+				if _, err := m.teardown(ctx, &cur); err != nil {
+					m.s.log.Error("idle teardown", "session", cur.SessionID, "err", err)
+				}
+			}
 		}
 		unlock()
 	}

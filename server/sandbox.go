@@ -336,7 +336,9 @@ func (s *Server) terminal(c *gin.Context) {
 	if req.Stdin != nil {
 		xr.Stdin = strings.NewReader(*req.Stdin)
 	}
+	end := s.sb.begin(ses.ID)
 	res, err := s.rt.Exec(c.Request.Context(), ses.ContainerID, xr)
+	end()
 	if err != nil {
 		switch {
 		case errors.Is(err, runsc.ErrBadCwd):
