@@ -54,6 +54,7 @@ func (s *Server) routes() *gin.Engine {
 		s.writeError(c, apiErr(http.StatusMethodNotAllowed, "method_not_allowed", "method not allowed on this route"))
 	})
 	e.GET("/healthz", func(c *gin.Context) { c.JSON(http.StatusOK, gin.H{"status": "ok"}) })
+	e.GET("/v1/openapi.json", s.openapi)
 
 	v1 := e.Group("/v1", s.bodyLimit, s.authenticate)
 	op := func(method, path, action, perm string, h gin.HandlerFunc) {
