@@ -540,3 +540,26 @@ func TestRealFailedProvisionLeavesNothing(t *testing.T) {
 		})
 	}
 }
+
+// TestRealTwoServersSideBySide runs two servers with different data dirs
+// (and so different prefixes, runsc roots and resources): the same session
+// id works in both, and removing one's sandboxes leaves the other's alone.
+func TestRealTwoServersSideBySide(t *testing.T) {
+	a := startServer(t, realConfig(t))
+	b := startServer(t, realConfig(t))
+	if ResourcePrefix(a.cfg.DataDir) == ResourcePrefix(b.cfg.DataDir) {
+		t.Fatal("same resource prefix for different data dirs")
+	}
+	a.provision("same", "test-tiny")
+	b.provision("same", "test-tiny")
+	a.sh("same", "echo from-a > /workspace/who")
+	b.sh("same", "echo from-b > /workspace/who")
+	if code, _ := a.call(a.token, "DELETE", "/v1/sandbox/same", nil); code != 204 {
+		t.Fatalf("delete in a: %d", code)
+	}
+	// Collecting a's leftovers must not touch b's sandbox.
+	a.s.rt.Collect(context.Background(), nil)
+	if r := b.sh("same", "cat /workspace/who"); r.Stdout != "from-b\n" {
+		t.Fatalf("b after a's delete: %+v", r)
+	}
+}

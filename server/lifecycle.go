@@ -48,9 +48,9 @@ type manager struct {
 	// activity tracks use for idle timeouts: commands running now and the
 	// last time one started or ended, by session pk.
 	activity map[string]*activity
-	done  chan struct{}
-	wg    sync.WaitGroup
-	now   func() time.Time
+	done     chan struct{}
+	wg       sync.WaitGroup
+	now      func() time.Time
 }
 
 func newManager(s *Server) *manager {
