@@ -1,0 +1,81 @@
+package image
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"reflect"
+	"syscall"
+	"testing"
+)
+
+func TestParsePackages(t *testing.T) {
+	got := ParsePackages("# comment\nbash\n\n  python3  # trailing\ncurl\n")
+	if want := []string{"bash", "python3", "curl"}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("got %v want %v", got, want)
+	}
+}
+
+func TestKeyCoversRecipe(t *testing.T) {
+	base := Recipe{Suite: "bookworm", Mirror: "http://m/debian", Packages: []string{"a", "b"}, Build: []byte("b"), Setup: []byte("s")}
+	k := base.Key()
+	if k != base.Key() {
+		t.Fatal("key not deterministic")
+	}
+	variants := []Recipe{base, base, base, base, base}
+	variants[0].Packages = []string{"a", "c"}
+	variants[1].Build = []byte("b2")
+	variants[2].Setup = []byte("s2")
+	variants[3].Mirror = "http://other/debian"
+	variants[4].Suite = "trixie"
+	seen := map[string]bool{k: true}
+	for i, v := range variants {
+		if seen[v.Key()] {
+			t.Fatalf("variant %d has a key already seen", i)
+		}
+		seen[v.Key()] = true
+	}
+}
+
+// Ensure finds a complete image without building, and never treats a
+// directory without COMPLETE (an interrupted build) as an image.
+func TestEnsureUsesCache(t *testing.T) {
+	cache := t.TempDir()
+	r := Recipe{Suite: "bookworm", Mirror: "http://m/debian", Packages: []string{"a"}, Build: []byte("exit 1"), Setup: []byte("")}
+	if _, err := Ensure(context.Background(), cache, r, false, nil); !errors.Is(err, ErrMissing) {
+		t.Fatalf("missing image: %v", err)
+	}
+	dir := filepath.Join(cache, r.Key())
+	os.MkdirAll(filepath.Join(dir, "rootfs"), 0o755)
+	if _, err := Ensure(context.Background(), cache, r, false, nil); !errors.Is(err, ErrMissing) {
+		t.Fatalf("incomplete image accepted: %v", err)
+	}
+	os.WriteFile(filepath.Join(dir, "COMPLETE"), []byte(r.Key()), 0o644)
+	// build=true must not run the (failing) build script when complete.
+	p, err := Ensure(context.Background(), cache, r, true, nil)
+	if err != nil || p != filepath.Join(dir, "rootfs") {
+		t.Fatalf("cached image: %q %v", p, err)
+	}
+}
+
+func TestRemoveBuildDirRefusesMounts(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount")
+	}
+	dir := t.TempDir()
+	inner := filepath.Join(dir, "rootfs", "proc")
+	os.MkdirAll(inner, 0o755)
+	if err := syscall.Mount("proc", inner, "proc", 0, ""); err != nil {
+		t.Skip("cannot mount proc here:", err)
+	}
+	if err := removeBuildDir(dir); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Fatal("build dir not removed")
+	}
+	if _, err := os.Stat("/proc/self/status"); err != nil {
+		t.Fatal("host /proc damaged")
+	}
+}
