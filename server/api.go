@@ -47,13 +47,14 @@ func (s *Server) routes() *gin.Engine {
 	// The socket's address is the client unless a trusted proxy is configured.
 	e.SetTrustedProxies(s.cfg.TrustedProxies)
 	e.RemoteIPHeaders = []string{"X-Forwarded-For"}
-	e.Use(s.recoverer, s.requestIDs)
+	e.Use(s.recoverer, s.requestIDs, s.met.countRequests)
 	e.NoRoute(func(c *gin.Context) { s.writeError(c, apiErr(http.StatusNotFound, "not_found", "no such route")) })
 	e.HandleMethodNotAllowed = true
 	e.NoMethod(func(c *gin.Context) {
 		s.writeError(c, apiErr(http.StatusMethodNotAllowed, "method_not_allowed", "method not allowed on this route"))
 	})
 	e.GET("/healthz", func(c *gin.Context) { c.JSON(http.StatusOK, gin.H{"status": "ok"}) })
+	e.GET("/metrics", s.met.handler())
 	e.GET("/v1/openapi.json", s.openapi)
 
 	v1 := e.Group("/v1", s.bodyLimit, s.authenticate)

@@ -101,7 +101,7 @@ func TestOpenAPIOperations(t *testing.T) {
 	if len(doc.Security) != 1 || doc.Security[0]["bearerAuth"] == nil {
 		t.Errorf("global security = %v, want bearerAuth", doc.Security)
 	}
-	public := map[string]bool{"/healthz": true, "/v1/openapi.json": true}
+	public := map[string]bool{"/healthz": true, "/v1/openapi.json": true, "/metrics": true}
 	for path, ops := range doc.Paths {
 		for method, op := range ops {
 			name := strings.ToUpper(method) + " " + path
@@ -109,7 +109,7 @@ func TestOpenAPIOperations(t *testing.T) {
 				t.Errorf("%s: no summary", name)
 			}
 			if public[path] != (op.Security != nil && len(*op.Security) == 0) {
-				t.Errorf("%s: security override %v; only /healthz and /v1/openapi.json are public", name, op.Security)
+				t.Errorf("%s: security override %v; only /healthz, /metrics and /v1/openapi.json are public", name, op.Security)
 			}
 			success := 0
 			for code, resp := range op.Responses {

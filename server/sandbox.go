@@ -149,6 +149,7 @@ func (s *Server) provision(c *gin.Context) {
 		return
 	}
 	auditDetail(c, "provisionMs", time.Since(start).Milliseconds())
+	s.met.provision.Observe(time.Since(start).Seconds())
 	c.JSON(http.StatusCreated, sandboxJSON(ses))
 }
 
@@ -339,6 +340,7 @@ func (s *Server) terminal(c *gin.Context) {
 	end := s.sb.begin(ses.ID)
 	res, err := s.rt.Exec(c.Request.Context(), ses.ContainerID, xr)
 	end()
+	s.met.exec.Observe(res.Duration.Seconds())
 	if err != nil {
 		switch {
 		case errors.Is(err, runsc.ErrBadCwd):

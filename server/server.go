@@ -49,6 +49,7 @@ type Server struct {
 	log    *slog.Logger
 	engine *gin.Engine
 	sb     *manager
+	met    *metrics
 }
 
 // DBPath is the SQLite file inside a data directory.
@@ -143,7 +144,7 @@ func New(ctx context.Context, cfg *Config, out io.Writer) (*Server, error) {
 }
 
 func newServer(cfg *Config, db *store.DB, rt Runtime, img string, log *slog.Logger) *Server {
-	s := &Server{cfg: cfg, db: db, rt: rt, image: img, log: log}
+	s := &Server{cfg: cfg, db: db, rt: rt, image: img, log: log, met: newMetrics(db)}
 	s.sb = newManager(s)
 	s.engine = s.routes()
 	return s

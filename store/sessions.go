@@ -212,3 +212,23 @@ func (db *DB) DeleteSessionRow(ctx context.Context, id string) error {
 	}
 	return nil
 }
+
+// CountByStatus counts sessions of all organizations by status (deleted
+// rows excluded), for metrics.
+func (db *DB) CountByStatus(ctx context.Context) (map[string]int, error) {
+	rows, err := db.r.QueryContext(ctx, `SELECT status, COUNT(*) FROM sessions WHERE status != ? GROUP BY status`, StatusDeleted)
+	if err != nil {
+		return nil, fmt.Errorf("count sessions: %w", err)
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var s string
+		var n int
+		if err := rows.Scan(&s, &n); err != nil {
+			return nil, fmt.Errorf("count sessions: %w", err)
+		}
+		out[s] = n
+	}
+	return out, rows.Err()
+}

@@ -1,0 +1,77 @@
+package server
+
+import (
+	"context"
+	"strconv"
+	"time"
+
+	"github.com/gin-gonic/gin"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"sandboxd/store"
+)
+
+// metrics are one server's Prometheus metrics (own registry, so several
+// servers in one process do not collide). Only aggregates: no session ids.
+type metrics struct {
+	reg       *prometheus.Registry
+	requests  *prometheus.CounterVec
+	provision prometheus.Histogram
+	exec      prometheus.Histogram
+}
+
+func newMetrics(db *store.DB) *metrics {
+	m := &metrics{reg: prometheus.NewRegistry()}
+	m.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sandboxd_http_requests_total", Help: "API requests by route and status code.",
+	}, []string{"route", "code"})
+	m.provision = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "sandboxd_provision_seconds", Help: "Time from provision request to running sandbox.",
+		Buckets: []float64{.05, .1, .15, .2, .3, .5, 1, 2, 5, 10},
+	})
+	m.exec = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "sandboxd_exec_seconds", Help: "REST exec round trip inside the server (command run time included).",
+		Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
+	})
+	m.reg.MustRegister(m.requests, m.provision, m.exec, sessionCollector{db},
+		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+	return m
+}
+
+// sessionCollector reads session counts by status from the store at scrape time.
+type sessionCollector struct{ db *store.DB }
+
+var sessionsDesc = prometheus.NewDesc("sandboxd_sessions", "Sessions by status.", []string{"status"}, nil)
+
+func (c sessionCollector) Describe(ch chan<- *prometheus.Desc) { ch <- sessionsDesc }
+
+func (c sessionCollector) Collect(ch chan<- prometheus.Metric) {
+	if c.db == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	counts, err := c.db.CountByStatus(ctx)
+	if err != nil {
+		return
+	}
+	for _, st := range []string{store.StatusProvisioning, store.StatusRunning, store.StatusPaused, store.StatusStopping, store.StatusStopped, store.StatusFailed} {
+		ch <- prometheus.MustNewConstMetric(sessionsDesc, prometheus.GaugeValue, float64(counts[st]), st)
+	}
+}
+
+// countRequests is middleware counting every request by route template.
+func (m *metrics) countRequests(c *gin.Context) {
+	c.Next()
+	route := c.FullPath()
+	if route == "" {
+		route = "unmatched"
+	}
+	m.requests.WithLabelValues(route, strconv.Itoa(c.Writer.Status())).Inc()
+}
+
+func (m *metrics) handler() gin.HandlerFunc {
+	h := promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
+	return func(c *gin.Context) { h.ServeHTTP(c.Writer, c.Request) }
+}
