@@ -16,6 +16,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
 // ExecRequest is one command to run in a sandbox as the unprivileged user.
@@ -45,9 +47,9 @@ var ErrBadCwd = errors.New("working directory does not exist or is not accessibl
 // ErrNotRunning is returned when the sandbox cannot run commands.
 var ErrNotRunning = errors.New("sandbox is not running")
 
-// runsc's own failure to start a process is reported on the process's
-// stderr with this prefix and exit status 128.
-const execStartFailure = "executing processes for container:"
+// ErrTooManyProcesses is returned when a command cannot start because the
+// sandbox's user is at its process limit.
+var ErrTooManyProcesses = errors.New("sandbox is at its process limit")
 
 // Exec runs a command with runsc exec and waits for it. stdout and stderr
 // are written by the sandbox straight into pipes read here.
@@ -78,7 +80,7 @@ func (r *Runtime) Exec(ctx context.Context, id string, req ExecRequest) (ExecRes
 		cmd.Stdin = req.Stdin
 	} // nil: /dev/null, so a command reading stdin sees EOF at once
 	// stderr is inspected for runsc's own start failure before passing on.
-	errTap := &headTap{w: req.Stderr, limit: 512}
+	errTap := &headTap{w: req.Stderr, limit: 1024}
 	cmd.Stdout, cmd.Stderr = orDiscard(req.Stdout), errTap
 	// Background processes inside may keep the pipes open after the command
 	// exits; stop reading shortly after it does.
@@ -112,15 +114,12 @@ func (r *Runtime) Exec(ctx context.Context, id string, req ExecRequest) (ExecRes
 	if res.ExitCode < 0 {
 		return res, fmt.Errorf("runsc exec: %w", waitErr)
 	}
-	if res.ExitCode == 128 && errTap.startsWith(execStartFailure) {
-		msg := errTap.head.String()
-		switch {
-		case strings.Contains(msg, "working directory"), strings.Contains(msg, "try again"):
-			return res, ErrBadCwd
-		case strings.Contains(msg, "connecting to control server"), strings.Contains(msg, "urpc"):
-			return res, ErrNotRunning
-		}
-		return res, fmt.Errorf("runsc exec: %s", strings.TrimSpace(msg))
+	// runsc writes the internal pid file once the process started. Exit
+	// 128 without it is runsc failing to start the process, and only then
+	// is stderr runsc's own text (never trust it otherwise: the command
+	// controls its stderr).
+	if _, perr := os.Stat(pidFile); res.ExitCode == 128 && perr != nil && !res.TimedOut {
+		return res, startError(errTap.head.String(), r.alive(id))
 	}
 	if n := r.cg.oomKills(id); n > oomBefore {
 		res.OOM, res.ExitCode = true, 137
@@ -133,6 +132,70 @@ func (r *Runtime) Exec(ctx context.Context, id string, req ExecRequest) (ExecRes
 	}
 	errTap.finish(res.Died)
 	return res, nil
+}
+
+func startError(msg string, alive bool) error {
+	switch {
+	case !alive:
+		return ErrNotRunning
+	case strings.Contains(msg, "working directory"):
+		return ErrBadCwd
+	case strings.Contains(msg, "try again"), strings.Contains(msg, "resource temporarily unavailable"):
+		// EAGAIN: RLIMIT_NPROC of the sandbox user, or the cwd is not
+		// accessible (gVisor answers EAGAIN for both; processes are checked
+		// by the caller's retry advice).
+		return ErrTooManyProcesses
+	case strings.Contains(msg, "control socket"), strings.Contains(msg, "connecting to control server"),
+		strings.Contains(msg, "does not exist"), strings.Contains(msg, "not found"):
+		return ErrNotRunning
+	}
+	return fmt.Errorf("runsc exec: %s", strings.TrimSpace(msg))
+}
+
+// KillAll kills every process in the sandbox except its PID 1 (the agent),
+// e.g. what a fork bomb or forgotten background jobs left behind. It runs
+// as root with CAP_SYS_RESOURCE, so the user's process limit does not stop it.
+func (r *Runtime) KillAll(ctx context.Context, id string) error {
+	p := &specs.Process{
+		User: specs.User{UID: 0, GID: 0},
+		Args: []string{agentPath, "killall"},
+		Env:  []string{"PATH=" + BasePath},
+		Cwd:  "/",
+		Capabilities: &specs.LinuxCapabilities{
+			Bounding: []string{"CAP_KILL", "CAP_SYS_RESOURCE"}, Effective: []string{"CAP_KILL", "CAP_SYS_RESOURCE"},
+			Permitted: []string{"CAP_KILL", "CAP_SYS_RESOURCE"},
+		},
+		NoNewPrivileges: true,
+	}
+	b, err := json.Marshal(p)
+	if err != nil {
+		return err
+	}
+	xdir := filepath.Join(r.dir(id), "exec")
+	if err := os.MkdirAll(xdir, 0o700); err != nil {
+		return err
+	}
+	f := filepath.Join(xdir, "killall.json")
+	if err := os.WriteFile(f, b, 0o600); err != nil {
+		return err
+	}
+	defer os.Remove(f)
+	if _, err := r.run(ctx, "exec", "--process", f, id); err != nil {
+		if !r.alive(id) {
+			return ErrNotRunning
+		}
+		return err
+	}
+	return nil
+}
+
+// CleanExecFiles removes process files left by a crash (they may hold
+// secrets in their environment).
+func (r *Runtime) CleanExecFiles() {
+	dirs, _ := filepath.Glob(filepath.Join(r.cfg.StateDir, "sandboxes", "*", "exec"))
+	for _, d := range dirs {
+		os.RemoveAll(d)
+	}
 }
 
 func orDiscard(w io.Writer) io.Writer {
@@ -245,10 +308,4 @@ func (h *headTap) finish(died bool) {
 	}
 	orDiscard(h.w).Write(h.last)
 	h.last = nil
-}
-
-func (h *headTap) startsWith(s string) bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return strings.HasPrefix(h.head.String(), s)
 }

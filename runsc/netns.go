@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"strings"
 
+	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 )
 
@@ -33,6 +34,9 @@ func createNetns(name string) error {
 		defer orig.Close()
 		h, err := netns.NewNamed(name)
 		if err == nil {
+			// gVisor's netstack takes over the namespace's interfaces:
+			// loopback must be up for 127.0.0.1 to work inside.
+			err = loopbackUp(h)
 			h.Close()
 		}
 		if serr := netns.Set(orig); serr != nil {
@@ -42,12 +46,29 @@ func createNetns(name string) error {
 		}
 		runtime.UnlockOSThread()
 		if err != nil {
+			deleteNetns(name)
 			errc <- fmt.Errorf("create netns: %w", err)
 			return
 		}
 		errc <- nil
 	}()
 	return <-errc
+}
+
+func loopbackUp(h netns.NsHandle) error {
+	nh, err := netlink.NewHandleAt(h)
+	if err != nil {
+		return fmt.Errorf("netlink: %w", err)
+	}
+	defer nh.Close()
+	lo, err := nh.LinkByName("lo")
+	if err != nil {
+		return fmt.Errorf("loopback: %w", err)
+	}
+	if err := nh.LinkSetUp(lo); err != nil {
+		return fmt.Errorf("loopback up: %w", err)
+	}
+	return nil
 }
 
 // deleteNetns removes a named namespace; a missing one is not an error.

@@ -91,6 +91,10 @@ func (s *Server) revokeToken(c *gin.Context) {
 		s.writeError(c, apiErr(http.StatusNotFound, "not_found", "no such token"))
 		return
 	}
+	if t.UserID != p.User.ID && p.Role != store.RoleOwner && s.roleOf(c, p.Org.ID, t.UserID) == store.RoleOwner {
+		s.writeError(c, forbiddenMsg("only an owner can revoke an owner's token"))
+		return
+	}
 	if err := s.db.RevokeToken(c.Request.Context(), p.Org.ID, id); err != nil {
 		s.writeError(c, err)
 		return
@@ -130,7 +134,7 @@ func (s *Server) addMember(c *gin.Context) {
 		return
 	}
 	if req.Role == store.RoleOwner && p.Role != store.RoleOwner {
-		s.writeError(c, forbidden("owner role (only owners add owners)"))
+		s.writeError(c, forbiddenMsg("only an owner can add an owner"))
 		return
 	}
 	u, t, plain, err := s.db.AddMember(c.Request.Context(), p.Org.ID, req.Name, req.Role)
@@ -178,8 +182,8 @@ func (s *Server) updateMember(c *gin.Context) {
 		s.writeError(c, badRequest("role: must be owner, admin, developer or viewer"))
 		return
 	}
-	if req.Role == store.RoleOwner && p.Role != store.RoleOwner {
-		s.writeError(c, forbidden("owner role (only owners make owners)"))
+	if (req.Role == store.RoleOwner || s.roleOf(c, p.Org.ID, c.Param("userId")) == store.RoleOwner) && p.Role != store.RoleOwner {
+		s.writeError(c, forbiddenMsg("only an owner can make an owner or change an owner's role"))
 		return
 	}
 	auditDetail(c, "userId", c.Param("userId"))
@@ -197,11 +201,29 @@ func (s *Server) removeMember(c *gin.Context) {
 		return
 	}
 	auditDetail(c, "userId", c.Param("userId"))
+	if p.Role != store.RoleOwner && s.roleOf(c, p.Org.ID, c.Param("userId")) == store.RoleOwner {
+		s.writeError(c, forbiddenMsg("only an owner can remove an owner"))
+		return
+	}
 	if err := s.db.RemoveMember(c.Request.Context(), p.Org.ID, c.Param("userId")); err != nil {
 		s.writeError(c, memberErr(err))
 		return
 	}
 	c.Status(http.StatusNoContent)
+}
+
+// roleOf returns a member's role in the org ("" if not a member).
+func (s *Server) roleOf(c *gin.Context, orgID, userID string) string {
+	ms, err := s.db.ListMembers(c.Request.Context(), orgID)
+	if err != nil {
+		return ""
+	}
+	for _, m := range ms {
+		if m.UserID == userID {
+			return m.Role
+		}
+	}
+	return ""
 }
 
 func memberErr(err error) error {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"reflect"
 	"strings"
 	"time"
 
@@ -44,6 +45,8 @@ func auditDetail(c *gin.Context, k string, v any) {
 func (s *Server) routes() *gin.Engine {
 	gin.SetMode(gin.ReleaseMode)
 	e := gin.New()
+	// Paths are exact: no redirects with HTML bodies, JSON 404s instead.
+	e.RedirectTrailingSlash, e.RedirectFixedPath = false, false
 	// The socket's address is the client unless a trusted proxy is configured.
 	e.SetTrustedProxies(s.cfg.TrustedProxies)
 	e.RemoteIPHeaders = []string{"X-Forwarded-For"}
@@ -109,18 +112,23 @@ func (s *Server) bodyLimit(c *gin.Context) {
 }
 
 func (s *Server) authenticate(c *gin.Context) {
-	h := c.GetHeader("Authorization")
-	token, ok := strings.CutPrefix(h, "Bearer ")
-	if !ok || token == "" {
+	// The scheme name is case-insensitive (RFC 7235).
+	scheme, token, ok := strings.Cut(strings.TrimSpace(c.GetHeader("Authorization")), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") || strings.TrimSpace(token) == "" {
 		s.auditDenied(c, http.StatusUnauthorized)
 		s.writeError(c, errUnauthenticated)
 		return
 	}
-	p, err := s.db.Authenticate(c.Request.Context(), strings.TrimSpace(token))
+	token = strings.TrimSpace(token)
+	p, err := s.db.Authenticate(c.Request.Context(), token)
 	if err != nil {
 		if !errors.Is(err, store.ErrNotFound) {
 			s.writeError(c, err)
 			return
+		}
+		// A revoked token is still attributed, so its org's admins see the attempt.
+		if org, user, tok, err := s.db.TokenOwner(c.Request.Context(), token); err == nil {
+			c.Set(ctxPrincipal, store.Principal{Org: store.Org{ID: org}, User: store.User{ID: user}, TokenID: tok})
 		}
 		s.auditDenied(c, http.StatusUnauthorized)
 		s.writeError(c, errUnauthenticated)
@@ -132,8 +140,10 @@ func (s *Server) authenticate(c *gin.Context) {
 
 // auditDenied records a request that failed authentication.
 func (s *Server) auditDenied(c *gin.Context, status int) {
+	p := principal(c)
 	s.db.Audit(store.AuditRecord{
-		Time: time.Now().UTC(), Action: "auth", SessionID: c.Param("sessionId"),
+		Time: time.Now().UTC(), OrgID: p.Org.ID, UserID: p.User.ID, TokenID: p.TokenID,
+		Action: "auth", SessionID: c.Param("sessionId"),
 		Outcome: "denied", Status: status, RemoteAddr: c.ClientIP(), RequestID: requestID(c),
 		Details: map[string]any{"method": c.Request.Method, "path": c.Request.URL.Path},
 	})
@@ -194,6 +204,9 @@ func decodeJSON(c *gin.Context, v any) error {
 	if len(bytes.TrimSpace(body)) == 0 {
 		return badRequest("request body must be a JSON object")
 	}
+	if err := exactKeys(body, v); err != nil {
+		return err
+	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
@@ -201,6 +214,35 @@ func decodeJSON(c *gin.Context, v any) error {
 	}
 	if _, err := dec.Token(); err != io.EOF {
 		return badRequest("request body has data after the JSON object")
+	}
+	return nil
+}
+
+// exactKeys rejects top-level keys that match a field only case-insensitively
+// (encoding/json would accept "SIZE" for "size").
+func exactKeys(body []byte, v any) error {
+	var m map[string]json.RawMessage
+	if json.Unmarshal(body, &m) != nil {
+		return nil // not an object: the strict decode reports it
+	}
+	allowed := map[string]bool{}
+	t := reflect.TypeOf(v)
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t.Kind() != reflect.Struct {
+		return nil
+	}
+	for i := 0; i < t.NumField(); i++ {
+		name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ",")
+		if name != "" && name != "-" {
+			allowed[name] = true
+		}
+	}
+	for k := range m {
+		if !allowed[k] {
+			return badRequest("unknown field %q", k)
+		}
 	}
 	return nil
 }

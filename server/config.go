@@ -39,6 +39,10 @@ type Config struct {
 		ExecDefaultTimeoutMs int64 `yaml:"execDefaultTimeoutMs"`
 		ExecMaxTimeoutMs     int64 `yaml:"execMaxTimeoutMs"`
 		MaxSandboxes         int   `yaml:"maxSandboxes"`
+		MaxSandboxesPerOrg   int   `yaml:"maxSandboxesPerOrg"`
+		MaxExecsPerSession   int   `yaml:"maxExecsPerSession"`
+		MaxMemoryMiB         int   `yaml:"maxMemoryMiB"`
+		MinFreeDiskMiB       int   `yaml:"minFreeDiskMiB"`
 	} `yaml:"limits"`
 
 	// Sizes is loaded from configs/sizes.yaml (not part of the file above).
@@ -132,7 +136,8 @@ func (c *Config) validate() error {
 	}
 	l := c.Limits
 	if l.MaxBodyBytes < 1024 || l.ExecOutputBytes < 1024 || l.ExecDefaultTimeoutMs < 1 ||
-		l.ExecMaxTimeoutMs < l.ExecDefaultTimeoutMs || l.MaxSandboxes < 1 {
+		l.ExecMaxTimeoutMs < l.ExecDefaultTimeoutMs || l.MaxSandboxes < 1 || l.MaxSandboxesPerOrg < 1 ||
+		l.MaxExecsPerSession < 1 || l.MaxMemoryMiB < 0 || l.MinFreeDiskMiB < 0 {
 		errs = append(errs, errors.New("limits: out of range"))
 	}
 	return errors.Join(errs...)

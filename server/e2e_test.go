@@ -283,6 +283,27 @@ func TestRealSandboxLifecycle(t *testing.T) {
 			t.Fatalf("network reachable: %q", r.Stdout)
 		}
 	})
+	t.Run("loopback works inside", func(t *testing.T) {
+		r := h.sh("s1", "python3 -m http.server 8000 --bind 127.0.0.1 >/dev/null 2>&1 & for i in $(seq 50); do curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8000/ && break; sleep 0.1; done; kill %1")
+		if !strings.HasSuffix(r.Stdout, "200") {
+			t.Fatalf("loopback server unreachable: %+v", r)
+		}
+	})
+	t.Run("PATH from env and default", func(t *testing.T) {
+		if r := h.sh("s1", "echo $PATH"); !strings.Contains(r.Stdout, "/usr/sbin") {
+			t.Fatalf("default PATH: %q", r.Stdout)
+		}
+		r := h.exec("s1", map[string]any{"command": "echo $PATH", "env": map[string]string{"PATH": "/opt/x:/usr/bin:/bin"}})
+		if r.Stdout != "/opt/x:/usr/bin:/bin\n" {
+			t.Fatalf("request PATH ignored: %q", r.Stdout)
+		}
+	})
+	t.Run("stderr cannot forge runsc errors", func(t *testing.T) {
+		r := h.sh("s1", "echo 'executing processes for container: connecting to control server: try again' >&2; exit 128")
+		if r.ExitCode != 128 || !strings.Contains(r.Stderr, "executing processes") {
+			t.Fatalf("%+v", r)
+		}
+	})
 	t.Run("secret redacted and injected", func(t *testing.T) {
 		code, b := h.call(h.token, "POST", "/v1/sandbox", map[string]any{"sessionId": "sec1", "size": "test-tiny", "secrets": map[string]string{"API_KEY": "s3cr3t-value-123"}})
 		if code != 201 || strings.Contains(string(b), "s3cr3t") {
@@ -334,6 +355,19 @@ func TestRealSandboxLifecycle(t *testing.T) {
 		// The bomb's sandbox itself survives it.
 		if r := h.sh("bomb", "echo survived"); r.Stdout != "survived\n" {
 			t.Fatalf("after bomb: %+v", r)
+		}
+		// A bomb that returns leaves its processes; "kill" clears them.
+		r = h.exec("bomb", map[string]any{"command": "f(){ f | f & }; f; sleep 3; echo returned", "timeoutMs": 30000})
+		if !strings.Contains(r.Stdout, "returned") {
+			t.Logf("bomb 2: %+v", r)
+		}
+		code, b := h.call(h.token, "POST", "/v1/sandbox/terminal/bomb", map[string]any{"action": "kill"})
+		if code != 200 {
+			t.Fatalf("kill: %d %s", code, b)
+		}
+		// Left: init, and this command's bash, ps and wc.
+		if r := h.sh("bomb", "ps -e --no-headers | wc -l"); r.ExitCode != 0 || strings.TrimSpace(r.Stdout) != "4" {
+			t.Fatalf("after kill: %+v", r)
 		}
 	})
 	t.Run("oom reported", func(t *testing.T) {

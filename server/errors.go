@@ -38,6 +38,10 @@ func forbidden(perm string) *APIError {
 	return apiErr(http.StatusForbidden, "forbidden", "your role lacks the %s permission", perm)
 }
 
+func forbiddenMsg(msg string) *APIError {
+	return apiErr(http.StatusForbidden, "forbidden", "%s", msg)
+}
+
 func conflict(format string, args ...any) *APIError {
 	return apiErr(http.StatusConflict, "conflict", format, args...)
 }

@@ -5,8 +5,12 @@ import (
 	"fmt"
 	"io/fs"
 	"net/http"
+	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"sandboxd/runsc"
@@ -45,6 +49,10 @@ type manager struct {
 	mu    sync.Mutex
 	locks map[string]*sync.Mutex // by session pk
 	live  int                    // sandboxes provisioning or running
+	// perOrg and memUsed (MiB) are what live sandboxes hold; memMax caps memUsed.
+	perOrg  map[string]int
+	memUsed int
+	memMax  int
 	// activity tracks use for idle timeouts: commands running now and the
 	// last time one started or ended, by session pk.
 	activity map[string]*activity
@@ -54,7 +62,28 @@ type manager struct {
 }
 
 func newManager(s *Server) *manager {
-	return &manager{s: s, locks: map[string]*sync.Mutex{}, activity: map[string]*activity{}, done: make(chan struct{}), now: func() time.Time { return time.Now().UTC() }}
+	mm := &manager{s: s, locks: map[string]*sync.Mutex{}, activity: map[string]*activity{}, perOrg: map[string]int{},
+		done: make(chan struct{}), now: func() time.Time { return time.Now().UTC() }}
+	mm.memMax = s.cfg.Limits.MaxMemoryMiB
+	if mm.memMax == 0 {
+		mm.memMax = hostMemoryMiB() - 2048
+	}
+	return mm
+}
+
+// hostMemoryMiB reads MemTotal from /proc/meminfo.
+func hostMemoryMiB() int {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "MemTotal:"); ok {
+			kb, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
+			return kb / 1024
+		}
+	}
+	return 0
 }
 
 type activity struct {
@@ -63,13 +92,18 @@ type activity struct {
 }
 
 // begin records that a command started in a session; the returned func
-// records its end.
-func (m *manager) begin(pk string) func() {
+// records its end. ok is false (and nothing recorded) when max commands
+// already run there.
+func (m *manager) begin(pk string, max int) (end func(), ok bool) {
 	m.mu.Lock()
 	a := m.activity[pk]
 	if a == nil {
 		a = &activity{}
 		m.activity[pk] = a
+	}
+	if max > 0 && a.running >= max {
+		m.mu.Unlock()
+		return nil, false
 	}
 	a.running++
 	a.last = m.now()
@@ -79,7 +113,7 @@ func (m *manager) begin(pk string) func() {
 		a.running--
 		a.last = m.now()
 		m.mu.Unlock()
-	}
+	}, true
 }
 
 // idle reports whether a session has run nothing for longer than its idle
@@ -110,23 +144,47 @@ func (m *manager) lock(pk string) func() {
 	return l.Unlock
 }
 
-// reserve takes a capacity slot for a new sandbox.
-func (m *manager) reserve() bool {
+// reserve takes capacity for a new sandbox: a slot on the server and in
+// its organization, and its size's memory. It fails with 503 when any is
+// used up.
+func (m *manager) reserve(org string, memMiB int) *APIError {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.live >= m.s.cfg.Limits.MaxSandboxes {
-		return false
+	lim := m.s.cfg.Limits
+	switch {
+	case m.live >= lim.MaxSandboxes:
+		return apiErr(http.StatusServiceUnavailable, "unavailable", "this server runs its maximum of %d sandboxes; retry later", lim.MaxSandboxes)
+	case m.perOrg[org] >= lim.MaxSandboxesPerOrg:
+		return apiErr(http.StatusServiceUnavailable, "unavailable", "your organization runs its maximum of %d sandboxes; tear one down first", lim.MaxSandboxesPerOrg)
+	case m.memUsed+memMiB > m.memMax:
+		return apiErr(http.StatusServiceUnavailable, "unavailable", "not enough memory left on this server for this size (%d MiB free); try a smaller size or later", max(m.memMax-m.memUsed, 0))
 	}
 	m.live++
-	return true
+	m.perOrg[org]++
+	m.memUsed += memMiB
+	return nil
 }
 
-func (m *manager) release() {
+// account counts a sandbox found running at start.
+func (m *manager) account(ses *store.Session) {
 	m.mu.Lock()
+	m.live++
+	m.perOrg[ses.OrgID]++
+	m.memUsed += ses.MemoryMiB
+	m.mu.Unlock()
+}
+
+// release gives back what reserve took for a session.
+func (m *manager) release(org string, memMiB int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	if m.live > 0 {
 		m.live--
 	}
-	m.mu.Unlock()
+	if m.perOrg[org] > 0 {
+		m.perOrg[org]--
+	}
+	m.memUsed = max(m.memUsed-memMiB, 0)
 }
 
 // setStatus moves a session along the state machine and persists it.
@@ -203,7 +261,7 @@ func (m *manager) teardown(ctx context.Context, ses *store.Session) (teardownRes
 			return res, err
 		}
 		if wasLive {
-			m.release() // a stopping session holds no capacity slot
+			m.release(ses.OrgID, ses.MemoryMiB) // a stopping session holds no capacity
 		}
 	}
 	res.WorkspaceBytes = dirBytes(m.s.rt.WorkspaceDir(ses.ContainerID))
@@ -227,7 +285,7 @@ func (m *manager) remove(ctx context.Context, ses *store.Session) error {
 	}
 	if ses.Status == store.StatusRunning || ses.Status == store.StatusStopping {
 		if ses.Status == store.StatusRunning {
-			m.release()
+			m.release(ses.OrgID, ses.MemoryMiB)
 		}
 		now := m.now()
 		ses.StoppedAt = &now
@@ -247,8 +305,9 @@ func (m *manager) markDead(ses *store.Session, reason string) {
 		m.s.log.Error("mark failed", "session", ses.SessionID, "err", err)
 		return
 	}
-	m.release()
+	m.release(ses.OrgID, ses.MemoryMiB)
 	m.s.log.Warn("sandbox died", "session", ses.SessionID, "reason", reason)
+	m.auditSystem("sandbox.failed", ses, map[string]any{"reason": reason})
 	if err := m.s.rt.Destroy(context.Background(), ses.ContainerID, true); err != nil {
 		m.s.log.Error("release dead sandbox", "session", ses.SessionID, "err", err)
 	}
@@ -293,14 +352,10 @@ func (m *manager) reconcile(ctx context.Context) error {
 		case store.StatusRunning:
 			if st.Status == runsc.StatusRunning && st.OOMKills == 0 {
 				keep[ses.ContainerID] = true
-				m.mu.Lock()
-				m.live++
-				m.mu.Unlock()
+				m.account(ses)
 				continue
 			}
-			m.mu.Lock()
-			m.live++
-			m.mu.Unlock()
+			m.account(ses) // released again by markDead
 			reason := "exited"
 			if st.OOMKills > 0 {
 				reason = "oom"
@@ -310,15 +365,26 @@ func (m *manager) reconcile(ctx context.Context) error {
 			// The server stopped in the middle of a create: undo it.
 			m.s.rt.Destroy(ctx, ses.ContainerID, false)
 			m.s.db.DeleteSessionRow(ctx, ses.ID)
+			m.auditSystem("sandbox.provision_undone", ses, nil)
 		case store.StatusStopping:
 			m.s.rt.Destroy(ctx, ses.ContainerID, true)
 			m.setStatus(ctx, ses, store.StatusStopped, ses.StatusReason)
+			m.auditSystem("sandbox.teardown_finished", ses, nil)
 		}
 	}
+	m.s.rt.CleanExecFiles()
 	if ids := m.s.rt.Collect(ctx, keep); len(ids) > 0 {
 		m.s.log.Info("collected leftover sandboxes", "count", len(ids))
 	}
 	return nil
+}
+
+// auditSystem records what the server did on its own (user "system").
+func (m *manager) auditSystem(action string, ses *store.Session, details map[string]any) {
+	m.s.db.Audit(store.AuditRecord{
+		Time: m.now(), OrgID: ses.OrgID, UserID: "system", Action: action,
+		SessionID: ses.SessionID, Outcome: "ok", Details: details,
+	})
 }
 
 // startMonitor checks running sandboxes periodically, so a sandbox that dies
@@ -358,9 +424,11 @@ func (m *manager) sweep() {
 			m.checkAlive(ctx, &cur)
 			if cur.Status == store.StatusRunning && m.idle(&cur, m.now()) {
 				m.s.log.Info("idle timeout: tearing down", "session", cur.SessionID, "idleTimeoutSeconds", cur.IdleTimeoutSeconds)
-				if _, err := m.teardown(ctx, &cur); err != nil {
+				_, err := m.teardown(ctx, &cur)
+				if err != nil {
 					m.s.log.Error("idle teardown", "session", cur.SessionID, "err", err)
 				}
+				m.auditSystem("sandbox.idle_teardown", &cur, map[string]any{"idleTimeoutSeconds": cur.IdleTimeoutSeconds, "ok": err == nil})
 			}
 		}
 		unlock()
@@ -376,17 +444,17 @@ func (m *manager) stop() {
 	m.wg.Wait()
 }
 
-// dirBytes sums the sizes of regular files under dir (without following
-// symlinks).
+// dirBytes sums the disk space used by the files under dir (allocated
+// blocks, so sparse files count what they use), without following symlinks.
 func dirBytes(dir string) int64 {
 	var n int64
 	filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return nil // unreadable parts do not count
 		}
-		if d.Type().IsRegular() {
-			if info, err := d.Info(); err == nil {
-				n += info.Size()
+		if info, err := d.Info(); err == nil {
+			if st, ok := info.Sys().(*syscall.Stat_t); ok {
+				n += st.Blocks * 512
 			}
 		}
 		return nil

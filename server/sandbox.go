@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gin-gonic/gin"
+	"golang.org/x/sys/unix"
 
 	"sandboxd/runsc"
 	"sandboxd/store"
@@ -119,12 +120,16 @@ func (s *Server) provision(c *gin.Context) {
 	if ses.RequestedSize == "" {
 		ses.RequestedSize = size.Name
 	}
-	if !s.sb.reserve() {
-		s.writeError(c, errUnavailable)
+	if err := s.checkDisk(size); err != nil {
+		s.writeError(c, err)
+		return
+	}
+	if err := s.sb.reserve(p.Org.ID, size.MemoryMiB); err != nil {
+		s.writeError(c, err)
 		return
 	}
 	if err := s.db.InsertSession(c.Request.Context(), ses); err != nil {
-		s.sb.release()
+		s.sb.release(p.Org.ID, size.MemoryMiB)
 		if errors.Is(err, store.ErrConflict) {
 			s.writeError(c, conflict("sessionId %q was already used in this organization; a fresh start is a new session id", req.SessionID))
 			return
@@ -136,7 +141,7 @@ func (s *Server) provision(c *gin.Context) {
 	defer unlock()
 	if len(req.Secrets) > 0 {
 		if err := s.db.SetSecrets(c.Request.Context(), ses.ID, req.Secrets); err != nil {
-			s.sb.release()
+			s.sb.release(p.Org.ID, size.MemoryMiB)
 			s.db.DeleteSessionRow(context.Background(), ses.ID)
 			s.writeError(c, err)
 			return
@@ -144,13 +149,27 @@ func (s *Server) provision(c *gin.Context) {
 	}
 	start := time.Now()
 	if err := s.sb.provision(c.Request.Context(), ses, size); err != nil {
-		s.sb.release()
+		s.sb.release(p.Org.ID, size.MemoryMiB)
 		s.writeError(c, err)
 		return
 	}
 	auditDetail(c, "provisionMs", time.Since(start).Milliseconds())
 	s.met.provision.Observe(time.Since(start).Seconds())
 	c.JSON(http.StatusCreated, sandboxJSON(ses))
+}
+
+// checkDisk refuses a provision when the data dir's file system is nearly
+// full (sandbox disks are sparse and grow as they are written).
+func (s *Server) checkDisk(size Size) *APIError {
+	var st unix.Statfs_t
+	if err := unix.Statfs(s.cfg.DataDir, &st); err != nil {
+		return nil
+	}
+	freeMiB := int64(st.Bavail) * int64(st.Bsize) >> 20
+	if freeMiB < int64(s.cfg.Limits.MinFreeDiskMiB) {
+		return apiErr(http.StatusServiceUnavailable, "unavailable", "the server is low on disk space; retry later")
+	}
+	return nil
 }
 
 // sessionFor loads the caller's session by its id: unknown ids and other
@@ -245,12 +264,12 @@ func (s *Server) deleteSandbox(c *gin.Context) {
 // failed provision, disappeared while the caller waited).
 func (s *Server) reload(c *gin.Context, ses *store.Session) (store.Session, bool) {
 	cur, err := s.db.GetSessionByID(c.Request.Context(), ses.ID)
+	if errors.Is(err, store.ErrNotFound) || (err == nil && cur.Status == store.StatusDeleted) {
+		s.writeError(c, errNotFound)
+		return cur, false
+	}
 	if err != nil {
-		if errors.Is(err, store.ErrNotFound) || cur.Status == store.StatusDeleted {
-			s.writeError(c, errNotFound)
-		} else {
-			s.writeError(c, err)
-		}
+		s.writeError(c, err)
 		return cur, false
 	}
 	return cur, true
@@ -288,8 +307,14 @@ func (s *Server) terminal(c *gin.Context) {
 		s.writeError(c, err)
 		return
 	}
-	if req.Action != "exec" {
-		s.writeError(c, badRequest("action: must be \"exec\""))
+	auditDetail(c, "action", req.Action)
+	switch req.Action {
+	case "exec":
+	case "kill":
+		s.killAll(c, ses, &req)
+		return
+	default:
+		s.writeError(c, badRequest("action: must be \"exec\" or \"kill\""))
 		return
 	}
 	if strings.TrimSpace(req.Command) == "" || len(req.Command) > maxCommandBytes || strings.ContainsRune(req.Command, 0) {
@@ -337,7 +362,11 @@ func (s *Server) terminal(c *gin.Context) {
 	if req.Stdin != nil {
 		xr.Stdin = strings.NewReader(*req.Stdin)
 	}
-	end := s.sb.begin(ses.ID)
+	end, ok := s.sb.begin(ses.ID, s.cfg.Limits.MaxExecsPerSession)
+	if !ok {
+		s.writeError(c, apiErr(http.StatusTooManyRequests, "rate_limited", "at most %d commands run at once in a session; retry when one ends", s.cfg.Limits.MaxExecsPerSession))
+		return
+	}
 	res, err := s.rt.Exec(c.Request.Context(), ses.ContainerID, xr)
 	end()
 	s.met.exec.Observe(res.Duration.Seconds())
@@ -345,10 +374,17 @@ func (s *Server) terminal(c *gin.Context) {
 		switch {
 		case errors.Is(err, runsc.ErrBadCwd):
 			s.writeError(c, badRequest("cwd: does not exist or is not accessible to the sandbox user"))
+		case errors.Is(err, runsc.ErrTooManyProcesses):
+			s.writeError(c, conflict("the command could not start: the sandbox is at its process limit (send {\"action\": \"kill\"} to stop its processes) or cwd is not accessible"))
 		case errors.Is(err, runsc.ErrNotRunning):
 			s.noteDead(ses)
 			s.writeError(c, conflict("the sandbox is not running any more"))
 		default:
+			// A teardown may have raced the command.
+			if cur, gerr := s.db.GetSessionByID(context.Background(), ses.ID); gerr == nil && cur.Status != store.StatusRunning {
+				s.writeError(c, conflict("the sandbox is not running any more"))
+				return
+			}
 			s.writeError(c, err)
 		}
 		return
@@ -374,6 +410,29 @@ func (s *Server) terminal(c *gin.Context) {
 		Truncated:  out.truncated || cut1 || cut2,
 		OOM:        res.OOM,
 	})
+}
+
+// killAll: {"action": "kill"} stops every process in the sandbox but its
+// init, e.g. after a fork bomb or forgotten background jobs.
+func (s *Server) killAll(c *gin.Context, ses *store.Session, req *execRequest) {
+	if req.Command != "" || req.Cwd != "" || req.Env != nil || req.TimeoutMs != nil || req.Stdin != nil {
+		s.writeError(c, badRequest("action kill takes no command, cwd, env, timeoutMs or stdin"))
+		return
+	}
+	if ses.Status != store.StatusRunning {
+		s.writeError(c, conflict("session is %s; only a running session has processes", ses.Status))
+		return
+	}
+	if err := s.rt.KillAll(c.Request.Context(), ses.ContainerID); err != nil {
+		if errors.Is(err, runsc.ErrNotRunning) {
+			s.noteDead(ses)
+			s.writeError(c, conflict("the sandbox is not running any more"))
+			return
+		}
+		s.writeError(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, gin.H{"action": "kill", "killed": true})
 }
 
 func (s *Server) noteDead(ses *store.Session) {

@@ -38,6 +38,8 @@ type Runtime interface {
 	Exec(ctx context.Context, id string, req runsc.ExecRequest) (runsc.ExecResult, error)
 	Collect(ctx context.Context, keep map[string]bool) []string
 	WorkspaceDir(id string) string
+	KillAll(ctx context.Context, id string) error
+	CleanExecFiles()
 }
 
 // Server is one sandboxd instance.

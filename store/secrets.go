@@ -38,3 +38,14 @@ func (db *DB) Secrets(ctx context.Context, sessionPK string) (map[string]string,
 	}
 	return out, rows.Err()
 }
+
+// TokenOwner identifies a token that no longer authenticates (revoked, or
+// its user left the org), so a denied attempt can be audited under its
+// organization. Unknown tokens are ErrNotFound.
+func (db *DB) TokenOwner(ctx context.Context, token string) (orgID, userID, tokenID string, err error) {
+	err = db.r.QueryRowContext(ctx, `SELECT org_id, user_id, id FROM tokens WHERE hash = ?`, hashSecret(token)).Scan(&orgID, &userID, &tokenID)
+	if err != nil {
+		return "", "", "", fmt.Errorf("store: token owner: %w", notFound(err))
+	}
+	return orgID, userID, tokenID, nil
+}

@@ -3,6 +3,7 @@
 //
 //	sandboxd-agent init            PID 1 of the sandbox: reaps orphaned
 //	                               processes and exits on SIGTERM.
+//	sandboxd-agent killall         kills every process but PID 1 (root only).
 //	sandboxd-agent exec -- ARGV... starts ARGV as the leader of a new session
 //	                               and process group, so a timeout can kill
 //	                               the whole group (runsc kill --pgid).
@@ -23,6 +24,12 @@ func main() {
 	switch os.Args[1] {
 	case "init":
 		runInit()
+	case "killall":
+		// kill(-1) signals every process but PID 1 and the caller.
+		if err := syscall.Kill(-1, syscall.SIGKILL); err != nil && err != syscall.ESRCH {
+			fmt.Fprintf(os.Stderr, "sandboxd-agent: killall: %v\n", err)
+			os.Exit(1)
+		}
 	case "exec":
 		args := os.Args[2:]
 		if len(args) > 0 && args[0] == "--" {
@@ -38,7 +45,7 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: sandboxd-agent init | exec -- ARGV...")
+	fmt.Fprintln(os.Stderr, "usage: sandboxd-agent init | killall | exec -- ARGV...")
 	os.Exit(2)
 }
 

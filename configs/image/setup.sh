@@ -11,6 +11,9 @@ chown 1000:1000 /workspace
 printf '' > /etc/resolv.conf
 printf 'sandbox\n' > /etc/hostname
 printf '127.0.0.1\tlocalhost sandbox\n::1\tlocalhost\n' > /etc/hosts
+# Login shells keep the PATH the platform (or a request's env) gives them.
+sed -i 's|^if \[ "$(id -u)" -eq 0 \]; then$|if [ -n "${PATH:-}" ]; then :\nelif [ "$(id -u)" -eq 0 ]; then|' /etc/profile
+grep -q '^if \[ -n "${PATH:-}" \]; then :$' /etc/profile
 # Drop caches that only make the image bigger.
 apt-get clean
 rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/log/*.log /usr/share/doc/* /usr/share/man/* /tmp/* /root/.cache

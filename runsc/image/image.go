@@ -70,7 +70,7 @@ func Ensure(ctx context.Context, cacheDir string, r Recipe, build bool, progress
 	final := filepath.Join(cacheDir, r.Key())
 	rootfs := filepath.Join(final, "rootfs")
 	if complete(final) {
-		return rootfs, nil
+		return rootfs, lockDown(cacheDir, final)
 	}
 	if !build {
 		return "", ErrMissing
@@ -81,7 +81,10 @@ func Ensure(ctx context.Context, cacheDir string, r Recipe, build bool, progress
 	if _, err := exec.LookPath("debootstrap"); err != nil {
 		return "", errors.New("building the image needs debootstrap (apt-get install -y debootstrap)")
 	}
-	if err := os.MkdirAll(cacheDir, 0o755); err != nil {
+	if err := os.MkdirAll(cacheDir, 0o700); err != nil {
+		return "", err
+	}
+	if err := os.Chmod(cacheDir, 0o700); err != nil {
 		return "", err
 	}
 	lock, err := os.OpenFile(filepath.Join(cacheDir, ".lock"), os.O_CREATE|os.O_RDWR, 0o600)
@@ -94,14 +97,14 @@ func Ensure(ctx context.Context, cacheDir string, r Recipe, build bool, progress
 	}
 	defer syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
 	if complete(final) { // built by someone else while we waited
-		return rootfs, nil
+		return rootfs, lockDown(cacheDir, final)
 	}
 	tmp, err := os.MkdirTemp(cacheDir, ".build-"+r.Key()+"-")
 	if err != nil {
 		return "", err
 	}
 	defer removeBuildDir(tmp)
-	if err := os.Chmod(tmp, 0o755); err != nil {
+	if err := os.Chmod(tmp, 0o700); err != nil {
 		return "", err
 	}
 	script := filepath.Join(tmp, "build.sh")
@@ -138,7 +141,20 @@ func Ensure(ctx context.Context, cacheDir string, r Recipe, build bool, progress
 	if err := os.Rename(tmp, final); err != nil {
 		return "", fmt.Errorf("install image: %w", err)
 	}
-	return rootfs, nil
+	return rootfs, lockDown(cacheDir, final)
+}
+
+// lockDown makes the cache and the image reachable by root only. Files in
+// the image belong to the image's users (uid 1000 is the sandbox user), and
+// a host account with the same uid must not be able to reach, let alone
+// change, what every sandbox runs.
+func lockDown(dirs ...string) error {
+	for _, d := range dirs {
+		if err := os.Chmod(d, 0o700); err != nil {
+			return fmt.Errorf("image permissions: %w", err)
+		}
+	}
+	return nil
 }
 
 func complete(dir string) bool {
