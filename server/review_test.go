@@ -130,3 +130,16 @@ func TestRevokedTokenAttemptAudited(t *testing.T) {
 		t.Fatalf("audit: %+v %v", recs, err)
 	}
 }
+
+func TestDeleteTwiceAndTeardownAfterDelete(t *testing.T) {
+	e := newAPIEnv(t)
+	e.provision(e.token, map[string]any{"sessionId": "d1"})
+	if rec := e.do("DELETE", "/v1/sandbox/d1", e.token, nil); rec.Code != http.StatusNoContent {
+		t.Fatal(rec.Code)
+	}
+	apiError(t, e.do("DELETE", "/v1/sandbox/d1", e.token, nil), http.StatusNotFound, "not_found")
+	apiError(t, e.do("POST", "/v1/sandbox/d1/teardown", e.token, nil), http.StatusNotFound, "not_found")
+	if n := len(e.rt.callsWith("destroy")); n != 1 {
+		t.Fatalf("destroy called %d times", n)
+	}
+}
