@@ -5,7 +5,8 @@ package configs
 
 import "embed"
 
-// FS holds sandboxd.yaml, sizes.yaml and image/ (packages.txt, build.sh, setup.sh).
+// FS holds sandboxd.yaml, sizes.yaml, scrubber.yaml (secret patterns) and
+// image/ (packages.txt, build.sh, setup.sh).
 //
-//go:embed sandboxd.yaml sizes.yaml image/packages.txt image/build.sh image/setup.sh
+//go:embed sandboxd.yaml sizes.yaml scrubber.yaml image/packages.txt image/build.sh image/setup.sh
 var FS embed.FS

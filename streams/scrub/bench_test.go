@@ -1,0 +1,162 @@
+package scrub
+
+import (
+	"bytes"
+	"encoding/base64"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"testing"
+	"time"
+)
+
+const (
+	alnum = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+	b64ch = alnum + "+/"
+)
+
+// benchSet is the full rule set plus 100 registered values.
+func benchSet(tb testing.TB, rnd *rand.Rand) (*Set, []string) {
+	vals := map[string]string{}
+	var list []string
+	for i := range 100 {
+		var v string
+		switch i % 4 {
+		case 0:
+			v = randString(rnd, alnum, 16+rnd.IntN(25))
+		case 1:
+			v = randString(rnd, b64ch, 40)
+		case 2:
+			v = randString(rnd, "0123456789abcdef", 32)
+		default:
+			v = randString(rnd, alnum+"!@#$%^&*()-_=+", 12+rnd.IntN(12))
+		}
+		vals[fmt.Sprintf("secret_%02d", i)] = v
+		list = append(list, v)
+	}
+	return withValues(tb, ruleSet(tb), vals), list
+}
+
+var logWords = []string{"Compiling", "Building", "CXX", "object", "src/server/handler.cc.o", "Linking", "warning:",
+	"unused", "variable", "go:", "downloading", "github.com/gin-gonic/gin", "v1.12.0", "npm", "WARN", "deprecated",
+	"Step", "RUN", "apt-get", "install", "-y", "curl", "ca-certificates", "Collecting", "requests==2.32.3",
+	"Successfully", "installed", "ok", "PASS", "FAIL", "---", "=== RUN", "TestHandler/create", "(0.01s)", "[INFO]",
+	"tokenizer", "secrets", "module", "cache", "hit", "layer", "sha256:", "done", "error", "retrying", "in", "2s"}
+
+// cleanCorpus: build-log lines, JSON log lines and base64 blobs.
+func cleanCorpus(rnd *rand.Rand, size int) []byte {
+	var b bytes.Buffer
+	for b.Len() < size {
+		switch rnd.IntN(10) {
+		case 0, 1, 2, 3, 4:
+			fmt.Fprintf(&b, "[%3d%%] ", rnd.IntN(101))
+			for range 4 + rnd.IntN(10) {
+				b.WriteString(logWords[rnd.IntN(len(logWords))])
+				b.WriteByte(' ')
+			}
+			b.WriteString("\n")
+		case 5, 6, 7:
+			fmt.Fprintf(&b, `{"level":"info","ts":%d.%03d,"caller":"server/api.go:%d","msg":"request served","method":"GET","path":"/api/v1/sessions/%x","status":%d,"bytes":%d,"duration_ms":%.3f,"user_agent":"curl/8.5.0"}`+"\n",
+				1700000000+rnd.IntN(1e6), rnd.IntN(1000), rnd.IntN(900), rnd.Uint64(), 200+rnd.IntN(4)*100, rnd.IntN(1e5), rnd.Float64()*100)
+		default:
+			raw := make([]byte, 300+rnd.IntN(3000))
+			for i := range raw {
+				raw[i] = byte(rnd.UintN(256))
+			}
+			enc := base64.StdEncoding.EncodeToString(raw)
+			for len(enc) > 76 {
+				b.WriteString(enc[:76])
+				b.WriteByte('\n')
+				enc = enc[76:]
+			}
+			b.WriteString(enc + "\n")
+		}
+	}
+	return b.Bytes()
+}
+
+// denseCorpus: short lines, nearly each with a pattern secret or a known
+// value (plain or base64), about one match per 60 bytes.
+func denseCorpus(rnd *rand.Rand, values []string, size int) []byte {
+	var b bytes.Buffer
+	for b.Len() < size {
+		v := values[rnd.IntN(len(values))]
+		switch rnd.IntN(9) {
+		case 0:
+			fmt.Fprintf(&b, "export GITHUB_TOKEN=ghp_%s\n", randString(rnd, alnum, 36))
+		case 1:
+			fmt.Fprintf(&b, "key AKIA%s ok\n", randString(rnd, "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789", 16))
+		case 2:
+			fmt.Fprintf(&b, "password=%s\n", randString(rnd, alnum, 14))
+		case 3:
+			fmt.Fprintf(&b, "using %s for auth\n", v)
+		case 4:
+			fmt.Fprintf(&b, "Authorization: Basic %s\n", base64.StdEncoding.EncodeToString([]byte("user:"+v)))
+		case 5:
+			fmt.Fprintf(&b, "url postgres://app:%s@db:5432/x\n", randString(rnd, alnum, 12))
+		case 6:
+			fmt.Fprintf(&b, "OPENAI_API_KEY=sk-proj-%s\n", randString(rnd, alnum, 48))
+		case 7:
+			fmt.Fprintf(&b, "jwt eyJhbGciOiJIUzI1NiJ9.eyJ%s.%s\n", randString(rnd, alnum, 40), randString(rnd, alnum, 43))
+		default:
+			fmt.Fprintf(&b, "ok %d %s\n", rnd.IntN(1000), v)
+		}
+	}
+	return b.Bytes()
+}
+
+const chunk = 32 << 10
+
+// baseline is the floor we compare against: one bytes.Index per chunk and
+// a copy of the chunk.
+func baseline(data, dst []byte) int {
+	n := 0
+	for off := 0; off < len(data); off += chunk {
+		c := data[off:min(off+chunk, len(data))]
+		n += bytes.Index(c, []byte("ghp_"))
+		n += copy(dst, c)
+	}
+	return n
+}
+
+func benchScrub(b *testing.B, data []byte, s *Set) {
+	dst := make([]byte, chunk)
+	iters := 0
+	start := time.Now()
+	for time.Since(start) < 300*time.Millisecond {
+		baseline(data, dst)
+		iters++
+	}
+	baseMBs := float64(len(data)) * float64(iters) / time.Since(start).Seconds() / 1e6
+	b.SetBytes(int64(len(data)))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		w := s.NewWriter(io.Discard)
+		for off := 0; off < len(data); off += chunk {
+			w.Write(data[off:min(off+chunk, len(data))])
+		}
+		w.Close()
+	}
+	mbs := float64(len(data)) * float64(b.N) / b.Elapsed().Seconds() / 1e6
+	b.ReportMetric(baseMBs, "baseline-MB/s")
+	b.ReportMetric(mbs/baseMBs, "ratio")
+}
+
+func BenchmarkScrubClean(b *testing.B) {
+	rnd := rand.New(rand.NewPCG(1, 2))
+	s, _ := benchSet(b, rnd)
+	data := cleanCorpus(rnd, 8<<20)
+	if out := s.Redact(data); !bytes.Equal(out, data) {
+		b.Fatal("clean corpus is not clean")
+	}
+	benchScrub(b, data, s)
+}
+
+func BenchmarkScrubDense(b *testing.B) {
+	rnd := rand.New(rand.NewPCG(3, 4))
+	s, values := benchSet(b, rnd)
+	data := denseCorpus(rnd, values, 4<<20)
+	benchScrub(b, data, s)
+	b.ReportMetric(float64(bytes.Count(data, []byte("\n"))), "lines")
+}

@@ -1,0 +1,175 @@
+package scrub
+
+import (
+	"math/rand/v2"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// TestRuleSamples expands every rule's sample templates many times: each
+// positive is redacted under the rule's own label with the secret part
+// (SecretGroup of the rule's regexp on the sample) gone; each negative
+// passes unchanged. Whole-buffer and streamed (random splits) agree.
+func TestRuleSamples(t *testing.T) {
+	rules := loadRules(t)
+	set := ruleSet(t)
+	contexts := []struct{ pre, post string }{
+		{"", ""},
+		{"log: ", "\n"},
+		{"\x1b[1;32m> ", "\x1b[0m\r\n"},
+		{"{\"k\":\"v\"}\n", " \xff\xfe trailing"},
+	}
+	for _, r := range rules {
+		t.Run(r.ID, func(t *testing.T) {
+			re := regexp.MustCompile(r.Regex)
+			rnd := rand.New(rand.NewPCG(uint64(len(r.ID)), 42))
+			for rep := 0; rep < 25; rep++ {
+				for _, tmpl := range r.Positive {
+					s, err := ExpandSample(tmpl, rnd)
+					if err != nil {
+						t.Fatal(err)
+					}
+					for _, c := range contexts {
+						in := c.pre + s + c.post
+						m := re.FindStringSubmatch(in)
+						if m == nil {
+							t.Fatalf("positive sample %q does not match its own regexp", s)
+						}
+						secret := m[r.SecretGroup]
+						out := string(set.Redact([]byte(in)))
+						if strings.Contains(out, secret) {
+							t.Fatalf("secret part of %q left in output %q", s, out)
+						}
+						if !strings.Contains(out, "[REDACTED:"+r.ID+"]") {
+							t.Fatalf("%q: output %q lacks [REDACTED:%s]", s, out, r.ID)
+						}
+						if r.SecretGroup > 0 && !strings.Contains(out, c.pre) {
+							t.Fatalf("%q: context lost: %q", s, out)
+						}
+						if got := string(stream(t, set, []byte(in), randomSizes(rnd, len(in)), rep%2 == 0)); got != out {
+							t.Fatalf("streamed %q != whole %q", got, out)
+						}
+					}
+				}
+				for _, tmpl := range r.Negative {
+					s, err := ExpandSample(tmpl, rnd)
+					if err != nil {
+						t.Fatal(err)
+					}
+					for _, c := range contexts {
+						in := c.pre + s + c.post
+						if out := string(set.Redact([]byte(in))); out != in {
+							t.Fatalf("negative sample changed: %q -> %q", in, out)
+						}
+						if got := string(stream(t, set, []byte(in), randomSizes(rnd, len(in)), false)); got != in {
+							t.Fatalf("negative sample changed when streamed: %q -> %q", in, got)
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
+func TestRuleFamiliesCovered(t *testing.T) {
+	ids := map[string]bool{}
+	for _, r := range loadRules(t) {
+		ids[r.ID] = true
+	}
+	for _, id := range []string{"aws-access-key-id", "aws-secret-access-key", "github-token", "github-fine-grained-pat",
+		"gitlab-token", "slack-token", "slack-webhook", "stripe-key", "npm-token", "pypi-token", "openai-anthropic-key",
+		"google-api-key", "jwt", "private-key", "database-url", "generic-password"} {
+		if !ids[id] {
+			t.Errorf("rule %s missing", id)
+		}
+	}
+}
+
+func TestLoadRulesStrict(t *testing.T) {
+	ok := `rules:
+  - id: x-token
+    keywords: [xtk_]
+    regex: 'xtk_[a-z]{8}'
+    max_len: 12
+    positive: ['xtk_{lower:8}']
+    negative: ['xtk_']
+`
+	if _, err := LoadRules([]byte(ok)); err != nil {
+		t.Fatalf("valid file rejected: %v", err)
+	}
+	bad := map[string]string{
+		"unknown key":     strings.Replace(ok, "max_len: 12", "max_len: 12\n    maxlen: 3", 1),
+		"bad regexp":      strings.Replace(ok, "xtk_[a-z]{8}", "xtk_[a-z", 1),
+		"short keyword":   strings.Replace(ok, "[xtk_]", "[xt]", 1),
+		"no max_len":      strings.Replace(ok, "max_len: 12", "", 1),
+		"group":           strings.Replace(ok, "max_len: 12", "max_len: 12\n    secret_group: 2", 1),
+		"no negatives":    strings.Replace(ok, "negative: ['xtk_']", "", 1),
+		"bad template":    strings.Replace(ok, "{lower:8}", "{nope:8}", 1),
+		"bad id":          strings.Replace(ok, "x-token", "X Token", 1),
+		"empty match":     strings.Replace(ok, "xtk_[a-z]{8}", "[a-z]*", 1),
+		"duplicate id":    ok + strings.TrimPrefix(ok, "rules:\n"),
+		"two documents":   ok + "---\nrules: []\n",
+		"no rules at all": "rules: []\n",
+	}
+	for name, y := range bad {
+		if _, err := LoadRules([]byte(y)); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+// TestFastMatcherAgrees: rules on the fast path give exactly the regexp's
+// submatches on many random windows built from their samples.
+func TestFastMatcherAgrees(t *testing.T) {
+	rnd := rand.New(rand.NewPCG(21, 22))
+	var fast []string
+	var st fastState
+	for _, r := range loadRules(t) {
+		cr, err := compileRule(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cr.fast == nil {
+			continue
+		}
+		fast = append(fast, r.ID)
+		chars := "aZ09_-./+:=@\"' \n\txX\xff\xc3\xa9" + strings.Join(r.Keywords, "")
+		samples := append(append([]string(nil), r.Positive...), r.Negative...)
+		for range 5000 {
+			s, _ := ExpandSample(samples[rnd.IntN(len(samples))], rnd)
+			for _, k := range r.Keywords {
+				if i := strings.Index(strings.ToLower(s), strings.ToLower(k)); i >= 0 {
+					s = s[i:]
+					break
+				}
+			}
+			b := []byte(s)
+			for range rnd.IntN(4) { // mutate
+				if len(b) > 0 {
+					b[rnd.IntN(len(b))] = chars[rnd.IntN(len(chars))]
+				}
+			}
+			if rnd.IntN(3) == 0 {
+				b = b[:rnd.IntN(len(b)+1)]
+			}
+			b = append(b, randString(rnd, chars, rnd.IntN(6))...)
+			if rnd.IntN(4) == 0 {
+				b = []byte(strings.ToUpper(string(b)))
+			}
+			want := cr.re.FindSubmatchIndex(b)
+			got, ok := cr.fast.match(&st, b, -1, nil)
+			if !ok {
+				continue
+			}
+			if !slices.Equal(got, want) {
+				t.Fatalf("%s on %q: fast %v, regexp %v", r.ID, b, got, want)
+			}
+		}
+	}
+	t.Logf("fast path: %v", fast)
+	if len(fast) < 12 {
+		t.Fatalf("only %d rules on the fast path: %v", len(fast), fast)
+	}
+}

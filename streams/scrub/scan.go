@@ -1,0 +1,300 @@
+package scrub
+
+import (
+	"bytes"
+	"encoding/binary"
+	"regexp/syntax"
+)
+
+// region is one redaction: data[start:end] becomes lab.repl. mstart/mend
+// is the extent of the whole match (keyword to match end) that produced it:
+// a writer never releases a prefix that cuts through such an extent, so a
+// later scan finds the same match again.
+type region struct {
+	start, end   int
+	mstart, mend int
+	lab          *label
+}
+
+// scratch is the per-scan working memory (per Writer, pooled for Redact).
+type scratch struct {
+	hits    []int
+	regs    []region
+	lastEnd []int // per rule: end of its last match (hits inside are skipped)
+	lastHit []int // per rule: last hit position evaluated
+	nfa     nfaScratch
+	loc     []int
+	fast    fastState
+}
+
+func (s *Set) getScratch() *scratch {
+	if sc, ok := s.pool.Get().(*scratch); ok {
+		return sc
+	}
+	return &scratch{}
+}
+
+// scan examines data: the held bytes of a stream followed by new bytes;
+// prev is the byte before data (-1 at stream start) and final says data
+// ends the stream. It returns hold: data[:hold] is decided and
+// sc.regs (sorted, non-overlapping) are the redactions within it; data[hold:]
+// could still be (part of) a secret and must be kept for the next scan.
+//
+// data[hold:] starts at the earliest of: a proper prefix of an anchor
+// reaching the end of data; a keyword whose rule could still match or
+// extend with more input (and whose MaxLen window is not yet complete); a
+// base64 value match whose extension is not decided; the start of any match
+// that reaches past one of these.
+func (s *Set) scan(sc *scratch, data []byte, prev int, final bool) int {
+	n := len(data)
+	hold := n
+	sc.regs = sc.regs[:0]
+	sc.hits = s.pf.scan(data, sc.hits[:0])
+	if !final {
+		for p := max(0, n-3); p < n; p++ {
+			if s.pf.partial(data[p:]) {
+				hold = p
+				break
+			}
+		}
+	}
+	if len(sc.hits) == 0 {
+		return hold
+	}
+	if cap(sc.lastEnd) < len(s.rules) {
+		sc.lastEnd = make([]int, len(s.rules))
+		sc.lastHit = make([]int, len(s.rules))
+	}
+	sc.lastEnd = sc.lastEnd[:len(s.rules)]
+	sc.lastHit = sc.lastHit[:len(s.rules)]
+	for i := range sc.lastEnd {
+		sc.lastEnd[i] = 0
+		sc.lastHit[i] = -1
+	}
+	last := -2
+	for _, i := range sc.hits {
+		if i <= last || i < 0 {
+			continue // repeated candidate (hits are ascending)
+		}
+		last = i
+		if i >= hold {
+			break
+		}
+		if i+4 <= n {
+			key := binary.LittleEndian.Uint32(data[i:i+4]) | fold4
+			for _, ai := range s.pf.m4.get(key) {
+				s.evalAnchor(sc, &s.anchors[ai], data, i, prev, final, &hold)
+			}
+		}
+		if i+3 <= n && len(s.pf.short) > 0 {
+			key := uint32(foldByte(data[i])) | uint32(foldByte(data[i+1]))<<8 | uint32(foldByte(data[i+2]))<<16
+			for _, sa := range s.pf.short {
+				if sa.key == key {
+					s.evalAnchor(sc, &s.anchors[sa.ai], data, i, prev, final, &hold)
+				}
+			}
+		}
+	}
+	if len(sc.regs) == 0 {
+		return hold
+	}
+	return s.settle(sc, hold)
+}
+
+// evalAnchor verifies anchor a at data[i:] and evaluates what it triggers.
+func (s *Set) evalAnchor(sc *scratch, a *anchor, data []byte, i, prev int, final bool, hold *int) {
+	t := data[i:]
+	m := min(len(a.lit), len(t))
+	if a.fold {
+		for j := 0; j < m; j++ {
+			if lowerByte(t[j]) != a.lit[j] {
+				return
+			}
+		}
+	} else if !bytes.Equal(t[:m], a.lit[:m]) {
+		return
+	}
+	if m < len(a.lit) { // a proper prefix reaches the end of data
+		if !final {
+			*hold = min(*hold, i)
+		}
+		return
+	}
+	if a.lab != nil {
+		end := i + len(a.lit)
+		if a.b64 != 0 {
+			var pending bool
+			end, pending = b64Extend(data, end, a.b64, final)
+			if pending {
+				*hold = min(*hold, i)
+				return
+			}
+		}
+		sc.regs = append(sc.regs, region{start: i, end: end, mstart: i, mend: end, lab: a.lab})
+		return
+	}
+	next := i + len(a.lit)
+	for j, ri := range a.rules {
+		if sc.lastHit[ri] == i || i < sc.lastEnd[ri] {
+			continue
+		}
+		if next < len(data) && !a.follow[j].has(data[next]) {
+			continue // e.g. "tokenizer": no match can continue so
+		}
+		sc.lastHit[ri] = i
+		s.evalRule(sc, int(ri), data, i, prev, final, hold)
+	}
+}
+
+// evalRule runs rule ri anchored at keyword position i.
+func (s *Set) evalRule(sc *scratch, ri int, data []byte, i, prev int, final bool, hold *int) {
+	r := s.rules[ri]
+	pb := prev
+	if i > 0 {
+		pb = int(data[i-1])
+	}
+	if r.lb != 0 {
+		wb := isWordByte(pb) != isWordByte(int(data[i]))
+		if wb != (r.lb == syntax.EmptyWordBoundary) {
+			return
+		}
+	}
+	// The window: up to MaxLen+1 bytes, cut after the first byte no match
+	// can contain (kept as lookahead for trailing assertions).
+	end := min(i+r.window, len(data))
+	cut := false
+	for j := i; j < end; j++ {
+		if !r.bytes.has(data[j]) {
+			end, cut = j+1, true
+			break
+		}
+	}
+	byLen := !cut && i+r.window <= len(data)
+	complete := cut || byLen
+	w := data[i:end]
+	if !complete && !final {
+		alive, matched := r.live.run(&sc.nfa, w, pb, false)
+		if alive {
+			*hold = min(*hold, i)
+			return
+		}
+		if !matched {
+			return
+		}
+	}
+	var loc []int
+	ok := false
+	if r.fast != nil {
+		loc, ok = r.fast.match(&sc.fast, w, pb, sc.loc)
+		if loc != nil {
+			sc.loc = loc
+		}
+	}
+	if !ok {
+		loc = r.re.FindSubmatchIndex(w)
+	}
+	if loc == nil {
+		if byLen {
+			// The candidate outgrew MaxLen while it could still match:
+			// fail closed and redact the window.
+			if alive, _ := r.live.run(&sc.nfa, w, pb, false); alive {
+				e := i + r.src.MaxLen
+				sc.regs = append(sc.regs, region{start: i, end: e, mstart: i, mend: e, lab: r.lab})
+				sc.lastEnd[ri] = e
+			}
+		}
+		return
+	}
+	sc.lastEnd[ri] = i + loc[1]
+	g := r.src.SecretGroup
+	gs, ge := loc[2*g], loc[2*g+1]
+	if gs < 0 || gs == ge {
+		return
+	}
+	sc.regs = append(sc.regs, region{start: i + gs, end: i + ge, mstart: i, mend: i + loc[1], lab: r.lab})
+}
+
+func isWordByte(c int) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_'
+}
+
+func isB64Byte(c byte, alpha byte) bool {
+	switch {
+	case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		return true
+	case alpha == 's':
+		return c == '+' || c == '/'
+	default:
+		return c == '-' || c == '_'
+	}
+}
+
+// b64Extend extends a base64 core match at end over one more alphabet
+// character and up to two '='. pending: the end of data came first.
+func b64Extend(data []byte, end int, alpha byte, final bool) (int, bool) {
+	n := len(data)
+	if end == n {
+		return end, !final
+	}
+	if isB64Byte(data[end], alpha) {
+		end++
+	}
+	for range 2 {
+		if end == n {
+			return end, !final
+		}
+		if data[end] != '=' {
+			return end, false
+		}
+		end++
+	}
+	return end, false
+}
+
+// settle lowers hold so that it cuts through no match extent, keeps the
+// regions before it, sorts and merges overlapping ones. When regions
+// overlap the earliest wins the label (on a tie known values, then rules
+// in file order).
+func (s *Set) settle(sc *scratch, hold int) int {
+	for changed := true; changed; {
+		changed = false
+		for _, r := range sc.regs {
+			if r.mstart < hold && max(r.end, r.mend) > hold {
+				hold = r.mstart
+				changed = true
+			}
+		}
+	}
+	regs := sc.regs[:0]
+	for _, r := range sc.regs {
+		if r.mstart < hold {
+			regs = append(regs, r)
+		}
+	}
+	// Insertion sort: regions arrive nearly sorted (by keyword position).
+	for i := 1; i < len(regs); i++ {
+		for j := i; j > 0 && cmpRegion(regs[j-1], regs[j]) > 0; j-- {
+			regs[j-1], regs[j] = regs[j], regs[j-1]
+		}
+	}
+	out := regs[:0]
+	for _, r := range regs {
+		if k := len(out) - 1; k >= 0 && r.start < out[k].end {
+			out[k].end = max(out[k].end, r.end)
+			continue
+		}
+		out = append(out, r)
+	}
+	sc.regs = out
+	return hold
+}
+
+func cmpRegion(a, b region) int {
+	if a.start != b.start {
+		return a.start - b.start
+	}
+	if a.lab.prio != b.lab.prio {
+		return a.lab.prio - b.lab.prio
+	}
+	return b.end - a.end
+}

@@ -1,0 +1,120 @@
+package scrub
+
+import (
+	"errors"
+	"io"
+)
+
+// ErrClosed is returned by Write and Flush after Close.
+var ErrClosed = errors.New("scrub: writer closed")
+
+// Writer redacts a stream on its way to dst. It is not safe for concurrent
+// use (one stream, one writer goroutine).
+type Writer struct {
+	set     *Set
+	dst     io.Writer
+	sc      scratch
+	buf     []byte // held bytes: could still be (part of) a secret
+	scanned int    // len(buf) after the last scan
+	prev    int    // last byte released from the input (-1 at start)
+	out     []byte
+	counts  map[string]int64
+	err     error
+	closed  bool
+}
+
+// NewWriter returns a Writer that writes the redacted stream to dst.
+func (s *Set) NewWriter(dst io.Writer) *Writer {
+	return &Writer{set: s, dst: dst, prev: -1, counts: make(map[string]int64)}
+}
+
+// Write scrubs p. Everything that can no longer be part of a secret is
+// written to dst before Write returns; the rest (bounded by the longest rule
+// or value) is held for the next call. It always reports len(p); the error
+// is dst's (sticky: after a dst error the writer drops its input).
+func (w *Writer) Write(p []byte) (int, error) {
+	if w.closed {
+		return 0, ErrClosed
+	}
+	if w.err != nil {
+		return len(p), w.err
+	}
+	if len(w.buf) == 0 {
+		w.process(p, false, true)
+		return len(p), w.err
+	}
+	w.buf = append(w.buf, p...)
+	// A long held candidate (say an open private key block) is rescanned
+	// only after it grew by a quarter, so tiny writes cost O(1) per byte
+	// amortized instead of O(held). Flush and Close always decide.
+	if len(w.buf)-w.scanned >= w.scanned/4 {
+		w.process(w.buf, false, false)
+	}
+	return len(p), w.err
+}
+
+// Flush writes out held bytes that can no longer begin a secret, for
+// interactive streams gone idle. Write releases eagerly, except that it
+// rescans a long held candidate only every quarter of growth, so Flush is
+// what releases such a candidate promptly once it has died. Bytes that
+// could still complete a secret (a prefix of a keyword or of a known value
+// or encoding, a keyword whose rule is still open) stay held until more
+// input or Close decides them.
+func (w *Writer) Flush() error {
+	if w.closed {
+		return ErrClosed
+	}
+	if w.err == nil && len(w.buf) > 0 {
+		w.process(w.buf, false, false)
+	}
+	return w.err
+}
+
+// Close ends the stream: it decides and writes out every held byte
+// (redacting what matches). It does not close dst.
+func (w *Writer) Close() error {
+	if w.closed {
+		return w.err
+	}
+	if w.err == nil {
+		w.process(w.buf, true, false)
+	}
+	w.closed = true
+	w.buf = nil
+	return w.err
+}
+
+// Counts returns this stream's redaction counts (rule id or
+// "value:<name>" -> count). Regions are counted when released.
+func (w *Writer) Counts() map[string]int64 {
+	m := make(map[string]int64, len(w.counts))
+	for k, v := range w.counts {
+		m[k] = v
+	}
+	return m
+}
+
+// process scans data and releases the decided prefix. fresh: data is the
+// caller's p, not w.buf.
+func (w *Writer) process(data []byte, final, fresh bool) {
+	hold := w.set.scan(&w.sc, data, w.prev, final)
+	if hold > 0 {
+		var err error
+		if len(w.sc.regs) == 0 {
+			_, err = w.dst.Write(data[:hold])
+		} else {
+			w.out = appendRedacted(w.out[:0], data, hold, w.sc.regs, w.counts)
+			_, err = w.dst.Write(w.out)
+		}
+		if err != nil {
+			w.err = err
+		}
+		w.prev = int(data[hold-1])
+	}
+	if fresh {
+		w.buf = append(w.buf[:0], data[hold:]...)
+	} else {
+		w.buf = w.buf[:copy(w.buf, data[hold:])]
+	}
+	w.scanned = len(w.buf)
+}
