@@ -313,6 +313,24 @@ func TestRealSandboxLifecycle(t *testing.T) {
 		if strings.Contains(r.Stdout+r.Stderr, "s3cr3t-value-123") || !strings.Contains(r.Stdout, "[REDACTED:API_KEY]") {
 			t.Fatalf("%+v", r)
 		}
+		// Printed by a child process, slowly, encoded, and cut by the output cap.
+		limit := h.cfg.Limits.ExecOutputBytes
+		cmds := []string{
+			"sh -c 'for c in $(echo \"$API_KEY\" | fold -w1); do printf %s \"$c\"; sleep 0.01; done; echo'",
+			"printf %s \"$API_KEY\" | base64; printf %s \"user:$API_KEY\" | base64; printf %s \"$API_KEY\" | xxd -p",
+			"python3 -c 'import os,json,urllib.parse as u; k=os.environ[\"API_KEY\"]; print(json.dumps({\"k\": k}), u.quote(k))'",
+			fmt.Sprintf("{ head -c 999 /dev/zero | tr '\\0' E; echo; } >&2; sleep 0.3; head -c %d /dev/zero | tr '\\0' A; printf %%s \"$API_KEY\"", limit-999-4),
+			fmt.Sprintf("printf %%s \"$API_KEY\"; head -c %d /dev/zero | tr '\\0' A; printf %%s \"$API_KEY\"", limit-8),
+		}
+		for _, c := range cmds {
+			r := h.sh("sec1", c)
+			all := r.Stdout + r.Stderr
+			for _, frag := range []string{"s3cr3t-value-123", "s3cr3t-val", "czNjcjN0LXZhbHVlLTEyMw", "73336372337", "s3cr3t%2Dvalue"} {
+				if strings.Contains(all, frag) {
+					t.Fatalf("%q leaked %q: ...%q", c, frag, all[max(0, len(all)-200):])
+				}
+			}
+		}
 	})
 	t.Run("disk cap", func(t *testing.T) {
 		h.provision("disk1", "test-tiny")

@@ -292,6 +292,7 @@ func (m *manager) remove(ctx context.Context, ses *store.Session) error {
 		ses.CreditsUsed += credits(ses, now)
 	}
 	ses.Status = store.StatusDeleted
+	m.s.scrub.forget(ses.ID)
 	return m.s.db.UpdateSession(context.Background(), ses)
 }
 

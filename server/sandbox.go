@@ -15,6 +15,7 @@ import (
 
 	"sandboxd/runsc"
 	"sandboxd/store"
+	"sandboxd/streams/scrub"
 )
 
 type provisionRequest struct {
@@ -27,9 +28,6 @@ type provisionRequest struct {
 	Secrets            map[string]string `json:"secrets"`
 	IdleTimeoutSeconds *int              `json:"idleTimeoutSeconds"`
 }
-
-// minSecretLen: shorter values would redact ordinary text.
-const minSecretLen = 6
 
 func (s *Server) validateProvision(req *provisionRequest) (Size, *APIError) {
 	if req.SessionID == "" {
@@ -60,8 +58,8 @@ func (s *Server) validateProvision(req *provisionRequest) (Size, *APIError) {
 		return Size{}, e
 	}
 	for k, v := range req.Secrets {
-		if len(v) < minSecretLen {
-			return Size{}, badRequest("secrets: value of %s is shorter than %d characters and cannot be redacted safely", k, minSecretLen)
+		if len(v) < scrub.MinValueLen {
+			return Size{}, badRequest("secrets: value of %s is shorter than %d bytes and cannot be redacted safely; it was not accepted", k, scrub.MinValueLen)
 		}
 	}
 	if t := req.IdleTimeoutSeconds; t != nil && (*t < 0 || *t > 7*24*3600) {
@@ -349,14 +347,17 @@ func (s *Server) terminal(c *gin.Context) {
 		s.writeError(c, err)
 		return
 	}
-	limit := s.cfg.Limits.ExecOutputBytes
-	out := newCappedOutput(limit + longest(secrets))
+	// Output passes the session's scrubber first, then the shared cap: what
+	// is cut is already redacted, so no secret is ever cut in half.
+	set := s.scrub.forSession(ses.ID, secrets)
+	out := newCappedOutput(s.cfg.Limits.ExecOutputBytes)
+	stdout, stderr := set.NewWriter(out.writer(&out.stdout)), set.NewWriter(out.writer(&out.stderr))
 	xr := runsc.ExecRequest{
 		Args:    []string{"/bin/bash", "-lc", req.Command},
 		Env:     commandEnv(ses.Env, secrets, req.Env),
 		Cwd:     req.Cwd,
-		Stdout:  out.writer(&out.stdout),
-		Stderr:  out.writer(&out.stderr),
+		Stdout:  stdout,
+		Stderr:  stderr,
 		Timeout: timeout,
 	}
 	if req.Stdin != nil {
@@ -369,6 +370,8 @@ func (s *Server) terminal(c *gin.Context) {
 	}
 	res, err := s.rt.Exec(c.Request.Context(), ses.ContainerID, xr)
 	end()
+	stdout.Close()
+	stderr.Close()
 	s.met.exec.Observe(res.Duration.Seconds())
 	if err != nil {
 		switch {
@@ -396,18 +399,15 @@ func (s *Server) terminal(c *gin.Context) {
 		}
 		s.noteDeadReason(ses, reason)
 	}
-	// stdout and stderr share the cap: stdout first, stderr gets the rest.
-	stdout, cut1 := capAfterRedact(out.stdout.Bytes(), limit, secrets)
-	stderr, cut2 := capAfterRedact(out.stderr.Bytes(), limit-len(stdout), secrets)
 	auditDetail(c, "exitCode", res.ExitCode)
 	auditDetail(c, "durationMs", res.Duration.Milliseconds())
 	c.JSON(http.StatusOK, execResponse{
 		ExitCode:   res.ExitCode,
-		Stdout:     stdout,
-		Stderr:     stderr,
+		Stdout:     out.stdout.String(),
+		Stderr:     out.stderr.String(),
 		DurationMs: res.Duration.Milliseconds(),
 		TimedOut:   res.TimedOut,
-		Truncated:  out.truncated || cut1 || cut2,
+		Truncated:  out.truncated,
 		OOM:        res.OOM,
 	})
 }
@@ -469,48 +469,6 @@ func commandEnv(sessionEnv, secrets, reqEnv map[string]string) []string {
 	}
 	sort.Strings(out)
 	return out
-}
-
-// redact replaces known secret values in fully buffered output, longest
-// value first so that a secret containing another is redacted whole.
-// The streaming scrubber (encodings, patterns; issue 3) will replace this.
-func redact(s string, secrets map[string]string) string {
-	names := make([]string, 0, len(secrets))
-	for name, v := range secrets {
-		if len(v) >= minSecretLen {
-			names = append(names, name)
-		}
-	}
-	if len(names) == 0 {
-		return s
-	}
-	sort.Slice(names, func(i, j int) bool { return len(secrets[names[i]]) > len(secrets[names[j]]) })
-	pairs := make([]string, 0, 2*len(names))
-	for _, n := range names {
-		pairs = append(pairs, secrets[n], "[REDACTED:"+n+"]")
-	}
-	return strings.NewReplacer(pairs...).Replace(s)
-}
-
-// longest returns the length of the longest secret value.
-func longest(secrets map[string]string) int {
-	n := 0
-	for _, v := range secrets {
-		n = max(n, len(v))
-	}
-	return n
-}
-
-// capAfterRedact redacts, then cuts to limit bytes. The output was captured
-// with room for one more secret past the limit, so a secret that starts
-// before the limit is redacted whole instead of leaking its beginning.
-func capAfterRedact(b []byte, limit int, secrets map[string]string) (string, bool) {
-	cut := len(b) > limit
-	s := redact(string(b), secrets)
-	if cut && len(s) > limit {
-		s = s[:limit]
-	}
-	return s, cut
 }
 
 // cappedOutput collects stdout and stderr up to a shared byte cap and keeps

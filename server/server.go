@@ -52,6 +52,7 @@ type Server struct {
 	engine *gin.Engine
 	sb     *manager
 	met    *metrics
+	scrub  *scrubbers
 }
 
 // DBPath is the SQLite file inside a data directory.
@@ -146,7 +147,10 @@ func New(ctx context.Context, cfg *Config, out io.Writer) (*Server, error) {
 }
 
 func newServer(cfg *Config, db *store.DB, rt Runtime, img string, log *slog.Logger) *Server {
-	s := &Server{cfg: cfg, db: db, rt: rt, image: img, log: log, met: newMetrics(db)}
+	base := loadScrubber()
+	s := &Server{cfg: cfg, db: db, rt: rt, image: img, met: newMetrics(db), scrub: &scrubbers{base: base},
+		log: slog.New(scrubHandler{log.Handler(), base})}
+	s.met.reg.MustRegister(redactions{base})
 	s.sb = newManager(s)
 	s.engine = s.routes()
 	return s
