@@ -1,4 +1,4 @@
-// Package streams will own output fan-out: the streaming secret scrubber,
-// ring buffers for terminal replay and the WebSocket pumps (issues 3 and 4).
-// Today REST exec output is buffered and redacted in package server.
+// Package streams owns output fan-out: Hub (one stream to many viewers,
+// with replay and per-viewer bounded queues) and, in streams/scrub, the
+// streaming secret scrubber every output path passes through.
 package streams
