@@ -3,6 +3,13 @@
 //
 //	sandboxd-agent init            PID 1 of the sandbox: reaps orphaned
 //	                               processes and exits on SIGTERM.
+//	sandboxd-agent init --socket S PID 1 that also serves the agent protocol
+//	                               (package sandboxd/runsc/agent) on unix
+//	                               socket S: starts processes, plain or on a
+//	                               PTY, and keeps warm login shells.
+//	sandboxd-agent serve --socket S the same server without being PID 1 (tests,
+//	                               debugging): it becomes a child subreaper and
+//	                               killall kills its descendants only.
 //	sandboxd-agent killall         kills every process but PID 1 (root only).
 //	sandboxd-agent exec -- ARGV... starts ARGV as the leader of a new session
 //	                               and process group, so a timeout can kill
@@ -10,6 +17,7 @@
 package main
 
 import (
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -22,7 +30,16 @@ func main() {
 		usage()
 	}
 	switch os.Args[1] {
-	case "init":
+	case "init", "serve":
+		fs := flag.NewFlagSet(os.Args[1], flag.ExitOnError)
+		socket := fs.String("socket", "", "serve the agent protocol on this unix socket")
+		fs.Parse(os.Args[2:])
+		switch {
+		case *socket != "":
+			os.Exit(runServer(*socket, os.Args[1] == "serve"))
+		case os.Args[1] == "serve":
+			usage()
+		}
 		runInit()
 	case "killall":
 		// kill(-1) signals every process but PID 1 and the caller.
@@ -45,7 +62,7 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: sandboxd-agent init | killall | exec -- ARGV...")
+	fmt.Fprintln(os.Stderr, "usage: sandboxd-agent init [--socket PATH] | serve --socket PATH | killall | exec -- ARGV...")
 	os.Exit(2)
 }
 

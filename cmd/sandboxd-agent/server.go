@@ -1,0 +1,278 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"runtime"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"sandboxd/runsc/agent"
+)
+
+// server owns the listener, the reaper and the warm pool. Each connection
+// is served by its own goroutine (see handle); the goroutines a start
+// request adds are owned by that handler and end before it returns.
+type server struct {
+	log    *slog.Logger
+	reaper *reaper
+	pool   *pool
+	// pid1: killall uses kill(-1); otherwise (serve mode) it kills the
+	// agent's descendants only.
+	pid1 bool
+	// killMu makes killall exclusive with starting processes, so nothing
+	// started during a killall escapes it.
+	killMu sync.RWMutex
+}
+
+// runServer serves the agent protocol on socket until SIGTERM or SIGINT.
+// It returns the process exit code.
+func runServer(socket string, serveMode bool) int {
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})).
+		With("component", "agent")
+	s := &server{log: log, reaper: newReaper(), pid1: !serveMode && os.Getpid() == 1}
+	s.pool = newPool(s)
+	if !s.pid1 {
+		// Orphans of the processes started here are re-parented to the
+		// agent, as they would be to PID 1, so killall finds them.
+		if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+			log.Warn("set child subreaper", "err", err)
+		}
+	}
+	// User commands run with no_new_privs like runsc exec's processes; the
+	// agent itself never needs to gain privileges.
+	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+		log.Warn("set no_new_privs", "err", err)
+	}
+	go s.reaper.run()
+
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	ln, err := listen(socket)
+	if err != nil {
+		log.Error("listen", "err", err)
+		if serveMode {
+			return 1
+		}
+		// As init, keep the sandbox usable without the socket (runsc
+		// exec still works): go on reaping until SIGTERM.
+		<-sigs
+		return 0
+	}
+	go func() {
+		<-sigs
+		ln.Close()
+	}()
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				break
+			}
+			log.Warn("accept", "err", err)
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		go s.handle(c.(*net.UnixConn))
+	}
+	// Shutting down: as PID 1 the sandbox ends with us; in serve mode do
+	// not leave the warm shells and commands behind.
+	s.pool.configure(nil)
+	if !s.pid1 {
+		killDescendants()
+	}
+	return 0
+}
+
+// listen creates the socket with mode 0600 from the start.
+func listen(path string) (*net.UnixListener, error) {
+	if fi, err := os.Lstat(path); err == nil && fi.Mode()&os.ModeSocket != 0 {
+		os.Remove(path)
+	}
+	old := syscall.Umask(0o177)
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	syscall.Umask(old)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		ln.Close()
+		return nil, err
+	}
+	return ln, nil
+}
+
+// conn is one client connection: handle's goroutine or the start
+// request's input goroutine reads it; writes are serialized by wmu.
+type conn struct {
+	nc  *net.UnixConn
+	br  *bufio.Reader
+	wmu sync.Mutex
+	// werr is set after the first failed write: later output is dropped.
+	werr error
+}
+
+func (c *conn) writeRaw(frame []byte) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.werr != nil {
+		return c.werr
+	}
+	_, err := c.nc.Write(frame)
+	if err != nil {
+		c.werr = err
+	}
+	return err
+}
+
+func (c *conn) writeJSON(typ byte, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	frame := agent.AppendHeader(make([]byte, 0, 5+len(b)), typ, len(b))
+	return c.writeRaw(append(frame, b...))
+}
+
+func (c *conn) writeError(msg string) {
+	c.writeJSON(agent.FrameError, agent.ErrorMsg{Message: msg})
+}
+
+func (c *conn) writeOK() {
+	c.writeJSON(agent.FrameExit, agent.ExitStatus{})
+}
+
+// startError is a failure reported to the client as an 'E' frame; msg is a
+// fixed string safe to show (no argv, paths or env values).
+type startError struct {
+	msg string
+	err error
+}
+
+func (e *startError) Error() string { return fmt.Sprintf("%s: %v", e.msg, e.err) }
+
+func (s *server) handle(nc *net.UnixConn) {
+	defer nc.Close()
+	c := &conn{nc: nc, br: bufio.NewReaderSize(nc, 64<<10)}
+	nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+	line, err := agent.ReadRequestLine(c.br, agent.MaxRequest)
+	if err != nil {
+		return
+	}
+	nc.SetReadDeadline(time.Time{})
+	var req agent.Request
+	if err := json.Unmarshal(line, &req); err != nil {
+		c.writeError("bad request")
+		return
+	}
+	switch req.Op {
+	case agent.OpPing:
+		c.writeOK()
+	case agent.OpStart:
+		s.serveStart(c, &req)
+	case agent.OpKillAll:
+		s.killAll()
+		c.writeOK()
+	case agent.OpWarm:
+		s.serveWarm(c, &req)
+	case agent.OpStats:
+		c.writeJSON(agent.FrameExit, agent.Stats{
+			Goroutines: runtime.NumGoroutine(), FDs: countFDs(), Warm: s.pool.readyCount(),
+		})
+	default:
+		c.writeError("unknown op")
+	}
+}
+
+func (s *server) serveWarm(c *conn, req *agent.Request) {
+	if req.Count == nil || *req.Count < 0 || *req.Count > 16 {
+		c.writeError("bad warm count")
+		return
+	}
+	cfg := &warmConfig{
+		env: req.Env, uid: uidOr(req.UID), gid: uidOr(req.GID), cwd: req.Cwd, count: *req.Count,
+	}
+	if cfg.cwd == "" {
+		cfg.cwd = "/"
+	}
+	if err := s.pool.configureAndWait(cfg, 10*time.Second); err != nil {
+		c.writeError(err.Error())
+		return
+	}
+	c.writeOK()
+}
+
+// uidOr returns the requested id or the sandbox user's (1000).
+func uidOr(id *uint32) uint32 {
+	if id == nil {
+		return 1000
+	}
+	return *id
+}
+
+// killAll SIGKILLs every other process and restarts the warm shells.
+func (s *server) killAll() {
+	s.killMu.Lock()
+	defer s.killMu.Unlock()
+	s.pool.pause()
+	if s.pid1 {
+		killEveryone()
+	} else {
+		killDescendants()
+	}
+	s.pool.resume()
+}
+
+// killEveryone is killall as PID 1: kill(-1) spares PID 1 (the caller).
+// It repeats until no other live process remains (bounded): a process may
+// fork while the signal is delivered.
+func killEveryone() {
+	self := os.Getpid()
+	for i := 0; i < 100; i++ {
+		syscall.Kill(-1, syscall.SIGKILL)
+		time.Sleep(5 * time.Millisecond)
+		if len(liveProcesses(func(pid, ppid int) bool { return pid != self })) == 0 {
+			return
+		}
+	}
+}
+
+// killDescendants is killall in serve mode: every live descendant of the
+// agent (orphans are re-parented to it as child subreaper).
+func killDescendants() {
+	self := os.Getpid()
+	for i := 0; i < 100; i++ {
+		parent := map[int]int{}
+		live := liveProcesses(func(pid, ppid int) bool { parent[pid] = ppid; return true })
+		var victims []int
+		for _, pid := range live {
+			for p, n := parent[pid], 0; p > 1 && n < 64; p, n = parent[p], n+1 {
+				if p == self {
+					victims = append(victims, pid)
+					break
+				}
+			}
+		}
+		if len(victims) == 0 {
+			return
+		}
+		for _, pid := range victims {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func countFDs() int {
+	ents, _ := os.ReadDir("/proc/self/fd")
+	return len(ents)
+}

@@ -1,0 +1,424 @@
+package agent
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// StreamBuffer is how many bytes of stdout (and of stderr) a Process
+// buffers for its consumer before the connection blocks.
+const StreamBuffer = 1 << 20
+
+// Client talks to one agent. The zero DialTimeout means no limit beyond the
+// context's.
+type Client struct {
+	Socket      string
+	DialTimeout time.Duration
+}
+
+// Spec describes a process to start. UID and GID are sent as given: 0 is root.
+type Spec struct {
+	Args, Env  []string
+	Cwd        string
+	UID, GID   uint32
+	TTY        bool
+	Cols, Rows uint16
+	Stdin      bool
+}
+
+// Exit is how a process ended. A process killed by a signal has Code
+// 128+signo and Signal set to the signal's name ("SIGKILL").
+type Exit struct {
+	Code   int
+	Signal string
+}
+
+// AgentError is an error the agent reported in an 'E' frame.
+type AgentError struct {
+	Message string
+}
+
+func (e *AgentError) Error() string { return "agent: " + e.Message }
+
+// ErrClosed is returned by Wait after Close ended the process's connection
+// before its exit status arrived.
+var ErrClosed = errors.New("agent: connection closed")
+
+// Start starts a process and returns once the agent reported its pid. ctx
+// bounds dialing and starting only; use Signal or Close to end the process.
+func (c *Client) Start(ctx context.Context, s Spec) (*Process, error) {
+	uid, gid := s.UID, s.GID
+	req := &Request{
+		Op: OpStart, Args: s.Args, Env: s.Env, Cwd: s.Cwd, UID: &uid, GID: &gid,
+		TTY: s.TTY, Cols: s.Cols, Rows: s.Rows, Stdin: s.Stdin,
+	}
+	var started Started
+	conn, br, err := c.roundTrip(ctx, req, func(typ byte, payload []byte) (bool, error) {
+		switch typ {
+		case FrameStarted:
+			return true, json.Unmarshal(payload, &started)
+		case FrameExit:
+			return false, errors.New("agent: exit before start")
+		}
+		return false, fmt.Errorf("agent: unexpected frame %q before start", typ)
+	})
+	if err != nil {
+		return nil, err
+	}
+	p := &Process{
+		conn: conn, br: br, pid: started.Pid, warm: started.Warm, tty: s.TTY,
+		stdout: newStreamBuf(StreamBuffer), done: make(chan struct{}),
+	}
+	if !s.TTY {
+		p.stderr = newStreamBuf(StreamBuffer)
+	}
+	if s.Stdin {
+		p.stdin = &stdinWriter{p: p}
+	}
+	go p.readLoop()
+	return p, nil
+}
+
+// KillAll kills every process in the sandbox but the agent.
+func (c *Client) KillAll(ctx context.Context) error {
+	_, err := c.simple(ctx, &Request{Op: OpKillAll})
+	return err
+}
+
+// Ping measures one round trip, dialing included.
+func (c *Client) Ping(ctx context.Context) (time.Duration, error) {
+	t0 := time.Now()
+	_, err := c.simple(ctx, &Request{Op: OpPing})
+	return time.Since(t0), err
+}
+
+// Warm sets the base environment and size of the warm-shell pool and
+// returns once the pool is full.
+func (c *Client) Warm(ctx context.Context, env []string, count int) error {
+	if env == nil {
+		env = []string{}
+	}
+	_, err := c.simple(ctx, &Request{Op: OpWarm, Env: env, Count: &count})
+	return err
+}
+
+func (c *Client) stats(ctx context.Context) (Stats, error) {
+	var st Stats
+	b, err := c.simple(ctx, &Request{Op: OpStats})
+	if err == nil {
+		err = json.Unmarshal(b, &st)
+	}
+	return st, err
+}
+
+// simple runs a request answered by a single 'x' (or 'E') frame and
+// returns the 'x' payload.
+func (c *Client) simple(ctx context.Context, req *Request) ([]byte, error) {
+	var exit []byte
+	conn, _, err := c.roundTrip(ctx, req, func(typ byte, payload []byte) (bool, error) {
+		if typ != FrameExit {
+			return false, fmt.Errorf("agent: unexpected frame %q", typ)
+		}
+		exit = payload
+		return true, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	conn.Close()
+	return exit, nil
+}
+
+// roundTrip dials, sends req and reads frames until handle says done. 'E'
+// frames become *AgentError. On success the connection is returned with no
+// deadline; on failure it is closed.
+func (c *Client) roundTrip(ctx context.Context, req *Request, handle func(byte, []byte) (bool, error)) (net.Conn, *bufio.Reader, error) {
+	line, err := json.Marshal(req)
+	if err != nil {
+		return nil, nil, err
+	}
+	d := net.Dialer{Timeout: c.DialTimeout}
+	conn, err := d.DialContext(ctx, "unix", c.Socket)
+	if err != nil {
+		return nil, nil, fmt.Errorf("agent: dial: %w", err)
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		conn.SetDeadline(dl)
+	}
+	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
+	fail := func(err error) (net.Conn, *bufio.Reader, error) {
+		stop()
+		conn.Close()
+		if ctx.Err() != nil {
+			return nil, nil, ctx.Err()
+		}
+		return nil, nil, err
+	}
+	if _, err := conn.Write(append(line, '\n')); err != nil {
+		return fail(fmt.Errorf("agent: send request: %w", err))
+	}
+	br := bufio.NewReaderSize(conn, 64<<10)
+	for {
+		typ, payload, err := ReadFrame(br)
+		if err != nil {
+			return fail(fmt.Errorf("agent: read reply: %w", err))
+		}
+		if typ == FrameError {
+			var m ErrorMsg
+			json.Unmarshal(payload, &m)
+			return fail(&AgentError{Message: m.Message})
+		}
+		done, err := handle(typ, payload)
+		if err != nil {
+			return fail(err)
+		}
+		if done {
+			break
+		}
+	}
+	if !stop() {
+		return fail(ctx.Err())
+	}
+	conn.SetDeadline(time.Time{})
+	return conn, br, nil
+}
+
+// Process is a process started by the agent. Its methods are safe for
+// concurrent use.
+type Process struct {
+	conn   net.Conn
+	br     *bufio.Reader
+	wmu    sync.Mutex // frame writes
+	pid    int
+	warm   bool
+	tty    bool
+	stdin  *stdinWriter
+	stdout *streamBuf
+	stderr *streamBuf
+
+	done      chan struct{} // closed by readLoop
+	exit      Exit
+	err       error
+	closeOnce sync.Once
+	closing   atomic.Bool // Close was called
+}
+
+// Pid is the process's pid inside the sandbox; it leads its process group.
+func (p *Process) Pid() int { return p.pid }
+
+// Stdin is nil unless Spec.Stdin was set. Close sends end-of-file (^D on
+// a terminal).
+func (p *Process) Stdin() io.WriteCloser {
+	if p.stdin == nil {
+		return nil
+	}
+	return p.stdin
+}
+
+// Stdout returns the process's standard output (with a TTY: all terminal
+// output). It reports io.EOF after the exit status arrived.
+func (p *Process) Stdout() io.Reader { return p.stdout }
+
+// Stderr returns the process's standard error; nil with a TTY.
+func (p *Process) Stderr() io.Reader {
+	if p.stderr == nil {
+		return nil
+	}
+	return p.stderr
+}
+
+// Resize changes the terminal size (TTY only) and signals SIGWINCH.
+func (p *Process) Resize(cols, rows uint16) error {
+	if !p.tty {
+		return errors.New("agent: resize without a tty")
+	}
+	b, _ := json.Marshal(ResizeMsg{Cols: cols, Rows: rows})
+	return p.writeFrame(FrameResize, b)
+}
+
+// Signal sends a signal ("SIGINT", "SIGKILL", ...) to the process, or to
+// its whole process group.
+func (p *Process) Signal(name string, group bool) error {
+	b, _ := json.Marshal(SignalMsg{Signal: name, Group: group})
+	return p.writeFrame(FrameSignal, b)
+}
+
+// Wait waits for the exit status. Output may remain buffered in Stdout and
+// Stderr after Wait returned.
+func (p *Process) Wait() (Exit, error) {
+	<-p.done
+	return p.exit, p.err
+}
+
+// Close ends the connection: if the process still runs, the agent kills its
+// process group. Unread output is discarded.
+func (p *Process) Close() error {
+	p.closeOnce.Do(func() {
+		p.closing.Store(true)
+		p.conn.Close()
+		p.stdout.closeRead()
+		if p.stderr != nil {
+			p.stderr.closeRead()
+		}
+	})
+	<-p.done
+	return nil
+}
+
+func (p *Process) writeFrame(typ byte, payload []byte) error {
+	p.wmu.Lock()
+	defer p.wmu.Unlock()
+	return WriteFrame(p.conn, typ, payload)
+}
+
+// readLoop is the connection's only reader: it owns p.exit and p.err until
+// it closes p.done.
+func (p *Process) readLoop() {
+	defer close(p.done)
+	err := p.demux()
+	p.conn.Close()
+	if err != nil {
+		if p.closing.Load() {
+			err = ErrClosed
+		}
+		p.err = err
+	}
+	end := err
+	if end == nil {
+		end = io.EOF
+	}
+	p.stdout.closeWrite(end)
+	if p.stderr != nil {
+		p.stderr.closeWrite(end)
+	}
+}
+
+func (p *Process) demux() error {
+	for {
+		typ, payload, err := ReadFrame(p.br)
+		if err != nil {
+			return fmt.Errorf("agent: connection lost: %w", err)
+		}
+		switch typ {
+		case FrameStdout:
+			p.stdout.write(payload)
+		case FrameStderr:
+			if p.stderr != nil {
+				p.stderr.write(payload)
+			} else {
+				p.stdout.write(payload)
+			}
+		case FrameExit:
+			var st ExitStatus
+			if err := json.Unmarshal(payload, &st); err != nil {
+				return fmt.Errorf("agent: bad exit frame: %w", err)
+			}
+			p.exit = Exit{Code: st.ExitCode, Signal: st.Signal}
+			return nil
+		case FrameError:
+			var m ErrorMsg
+			json.Unmarshal(payload, &m)
+			return &AgentError{Message: m.Message}
+		default:
+			return fmt.Errorf("agent: unexpected frame %q", typ)
+		}
+	}
+}
+
+type stdinWriter struct {
+	p      *Process
+	closed sync.Once
+}
+
+func (w *stdinWriter) Write(b []byte) (int, error) {
+	n := 0
+	for len(b) > 0 {
+		chunk := b[:min(len(b), 256<<10)]
+		if err := w.p.writeFrame(FrameStdin, chunk); err != nil {
+			return n, err
+		}
+		n += len(chunk)
+		b = b[len(chunk):]
+	}
+	return n, nil
+}
+
+func (w *stdinWriter) Close() error {
+	var err error
+	w.closed.Do(func() { err = w.p.writeFrame(FrameCloseStdin, nil) })
+	return err
+}
+
+// streamBuf is a bounded FIFO between the reader goroutine (writer side)
+// and the consumer (reader side). write blocks while max bytes are queued.
+type streamBuf struct {
+	mu      sync.Mutex
+	cond    sync.Cond
+	data    []byte
+	max     int
+	werr    error // set when the writer is done: io.EOF or the failure
+	rclosed bool  // consumer gone: writes are dropped
+}
+
+func newStreamBuf(max int) *streamBuf {
+	b := &streamBuf{max: max}
+	b.cond.L = &b.mu
+	return b
+}
+
+func (b *streamBuf) write(p []byte) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for len(b.data) >= b.max && !b.rclosed {
+		b.cond.Wait()
+	}
+	if b.rclosed {
+		return
+	}
+	b.data = append(b.data, p...)
+	b.cond.Broadcast()
+}
+
+func (b *streamBuf) closeWrite(err error) {
+	b.mu.Lock()
+	b.werr = err
+	b.cond.Broadcast()
+	b.mu.Unlock()
+}
+
+func (b *streamBuf) closeRead() {
+	b.mu.Lock()
+	b.rclosed = true
+	b.data = nil
+	b.cond.Broadcast()
+	b.mu.Unlock()
+}
+
+func (b *streamBuf) Read(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for len(b.data) == 0 && b.werr == nil && !b.rclosed {
+		b.cond.Wait()
+	}
+	if len(b.data) > 0 {
+		n := copy(p, b.data)
+		b.data = b.data[n:]
+		if len(b.data) == 0 {
+			b.data = nil
+		}
+		b.cond.Broadcast()
+		return n, nil
+	}
+	if b.rclosed {
+		return 0, ErrClosed
+	}
+	return 0, b.werr
+}
