@@ -18,6 +18,8 @@ import (
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"sandboxd/runsc/agent"
 )
 
 // ExecRequest is one command to run in a sandbox as the unprivileged user.
@@ -51,9 +53,113 @@ var ErrNotRunning = errors.New("sandbox is not running")
 // sandbox's user is at its process limit.
 var ErrTooManyProcesses = errors.New("sandbox is at its process limit")
 
-// Exec runs a command with runsc exec and waits for it. stdout and stderr
-// are written by the sandbox straight into pipes read here.
+// Agent returns the client of a sandbox's in-sandbox agent.
+func (r *Runtime) Agent(id string) *agent.Client {
+	return &agent.Client{Socket: filepath.Join(r.dir(id), "run", "agent.sock"), DialTimeout: 2 * time.Second}
+}
+
+// Start starts a process (a PTY or a stream) through the sandbox's agent.
+func (r *Runtime) Start(ctx context.Context, id string, s agent.Spec) (*agent.Process, error) {
+	return r.Agent(id).Start(ctx, s)
+}
+
+// Exec runs a command and waits for it: through the in-sandbox agent when
+// it answers (milliseconds), else with runsc exec (tens of milliseconds).
 func (r *Runtime) Exec(ctx context.Context, id string, req ExecRequest) (ExecResult, error) {
+	if res, err, ok := r.execAgent(ctx, id, req); ok {
+		return res, err
+	}
+	return r.execRunsc(ctx, id, req)
+}
+
+// execAgent runs req through the agent. ok is false when the agent cannot
+// be reached (nothing was started), so the caller may fall back.
+func (r *Runtime) execAgent(ctx context.Context, id string, req ExecRequest) (res ExecResult, err error, ok bool) {
+	start := time.Now()
+	oomBefore := r.cg.oomKills(id)
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	p, err := r.Agent(id).Start(sctx, agent.Spec{Args: req.Args, Env: req.Env, Cwd: req.Cwd,
+		UID: UserUID, GID: UserGID, Stdin: req.Stdin != nil})
+	cancel()
+	if err != nil {
+		var ae *agent.AgentError
+		if !errors.As(err, &ae) {
+			return res, nil, false
+		}
+		switch ae.Message {
+		case "working directory does not exist", "working directory is not absolute", "permission denied":
+			return res, ErrBadCwd, true
+		case "process limit reached":
+			return res, ErrTooManyProcesses, true
+		}
+		return res, fmt.Errorf("agent: %s", ae.Message), true
+	}
+	defer p.Close()
+	var copies sync.WaitGroup
+	for _, s := range []struct {
+		dst io.Writer
+		src io.Reader
+	}{{req.Stdout, p.Stdout()}, {req.Stderr, p.Stderr()}} {
+		copies.Add(1)
+		go func() {
+			defer copies.Done()
+			io.Copy(orDiscard(s.dst), s.src)
+		}()
+	}
+	if req.Stdin != nil {
+		go func() {
+			io.Copy(p.Stdin(), req.Stdin)
+			p.Stdin().Close()
+		}()
+	}
+	type waited struct {
+		exit agent.Exit
+		err  error
+	}
+	waitc := make(chan waited, 1)
+	go func() {
+		e, err := p.Wait()
+		waitc <- waited{e, err}
+	}()
+	var timer <-chan time.Time
+	if req.Timeout > 0 {
+		t := time.NewTimer(req.Timeout)
+		defer t.Stop()
+		timer = t.C
+	}
+	var w waited
+	select {
+	case w = <-waitc:
+	case <-timer:
+		res.TimedOut = true
+		p.Close() // the agent kills the whole process group
+		w = <-waitc
+	case <-ctx.Done():
+		p.Close()
+		w = <-waitc
+	}
+	copies.Wait()
+	res.Duration = time.Since(start)
+	res.ExitCode = w.exit.Code
+	if n := r.cg.oomKills(id); n > oomBefore {
+		res.OOM, res.ExitCode = true, 137
+	}
+	if w.err != nil && !res.TimedOut && ctx.Err() == nil {
+		// The connection broke before an exit status: the sandbox died.
+		res.Died, res.ExitCode = !r.alive(id) || res.OOM, 137
+		if !res.Died {
+			return res, fmt.Errorf("agent: %v", w.err), true
+		}
+	}
+	if res.TimedOut {
+		res.ExitCode = 124
+	}
+	return res, nil, true
+}
+
+// execRunsc runs a command with runsc exec and waits for it. stdout and
+// stderr are written by the sandbox straight into pipes read here.
+func (r *Runtime) execRunsc(ctx context.Context, id string, req ExecRequest) (ExecResult, error) {
 	start := time.Now()
 	oomBefore := r.cg.oomKills(id)
 	xdir := filepath.Join(r.dir(id), "exec")
@@ -152,10 +258,10 @@ func startError(msg string, alive bool) error {
 	return fmt.Errorf("runsc exec: %s", strings.TrimSpace(msg))
 }
 
-// KillAll kills every process in the sandbox except its PID 1 (the agent),
-// e.g. what a fork bomb or forgotten background jobs left behind. It runs
-// as root with CAP_SYS_RESOURCE, so the user's process limit does not stop it.
-func (r *Runtime) KillAll(ctx context.Context, id string) error {
+// killAllExec kills every process in the sandbox except its PID 1 (the
+// agent) with runsc exec, as root with CAP_SYS_RESOURCE, so the user's
+// process limit does not stop it.
+func (r *Runtime) killAllExec(ctx context.Context, id string) error {
 	p := &specs.Process{
 		User: specs.User{UID: 0, GID: 0},
 		Args: []string{agentPath, "killall"},
@@ -187,6 +293,15 @@ func (r *Runtime) KillAll(ctx context.Context, id string) error {
 		return err
 	}
 	return nil
+}
+
+// KillAll kills every process in the sandbox but PID 1: through the agent
+// when it answers, else with a root runsc exec of the agent's killall.
+func (r *Runtime) KillAll(ctx context.Context, id string) error {
+	if err := r.Agent(id).KillAll(ctx); err == nil {
+		return nil
+	}
+	return r.killAllExec(ctx, id)
 }
 
 // CleanExecFiles removes process files left by a crash (they may hold

@@ -62,9 +62,12 @@ func (r *Runtime) Create(ctx context.Context, sb Sandbox) (err error) {
 	d := r.dir(sb.ID)
 	_, statErr := os.Stat(filepath.Join(d, "disk.img"))
 	hadDisk := statErr == nil
-	if err := os.MkdirAll(filepath.Join(d, "logs"), 0o700); err != nil {
-		return fmt.Errorf("sandbox dir: %w", err)
+	for _, sub := range []string{"logs", "run"} {
+		if err := os.MkdirAll(filepath.Join(d, sub), 0o700); err != nil {
+			return fmt.Errorf("sandbox dir: %w", err)
+		}
 	}
+	os.Remove(filepath.Join(d, "run", "agent.sock")) // a stale socket from before a teardown
 	undo.push(func() {
 		if hadDisk {
 			os.RemoveAll(filepath.Join(d, "logs"))
@@ -124,9 +127,14 @@ func (r *Runtime) create(ctx context.Context, id string) error {
 		"--platform", r.cfg.Platform,
 		"--network", "sandbox",
 		"--overlay2", "none",
+		// The agent listens on a unix socket in the host-backed run dir.
+		"--host-uds", "create",
+		// The sentry's own log (unsupported syscalls, warnings): the
+		// sandbox's kernel output. Info level, small.
+		"--debug-log", filepath.Join(d, "logs", "runsc.%COMMAND%.log"),
 	)
 	if r.cfg.Debug {
-		args = append(args, "--debug", "--debug-log", filepath.Join(d, "logs")+"/")
+		args = append(args, "--debug")
 	}
 	args = append(args, "create", "--bundle", d, "--pid-file", filepath.Join(d, "sandbox.pid"), id)
 	cmd := exec.CommandContext(ctx, r.cfg.Binary, args...)
@@ -180,7 +188,7 @@ func (r *Runtime) Destroy(ctx context.Context, id string, keepDisk bool) error {
 		return errors.Join(errs...) // never delete through a live mount
 	}
 	if keepDisk {
-		for _, name := range []string{"config.json", "sandbox.pid", "rootfs", "disk", "exec"} {
+		for _, name := range []string{"config.json", "sandbox.pid", "rootfs", "disk", "exec", "run"} {
 			p := filepath.Join(d, name)
 			if err := os.RemoveAll(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
 				errs = append(errs, err)

@@ -31,6 +31,10 @@ const (
 	// Workspace is the default working directory inside a sandbox.
 	Workspace = "/workspace"
 	agentPath = "/.sandboxd/agent"
+	// runDir holds the agent's socket; it is a root-only (0700) host
+	// directory, so sandbox users cannot reach the agent themselves.
+	runDir      = "/.sandboxd/run"
+	agentSocket = runDir + "/agent.sock"
 	cpuPeriod = 100000
 )
 
@@ -43,6 +47,7 @@ type sandboxPaths struct {
 	Workspace string // disk/workspace
 	Tmp       string // disk/tmp
 	Agent     string
+	Run       string // host side of runDir
 	Netns     string
 }
 
@@ -57,7 +62,7 @@ func BuildSpec(sb Sandbox, p sandboxPaths, cgroupsPath string) *specs.Spec {
 		Version: specs.Version,
 		Process: &specs.Process{
 			User: specs.User{UID: 0, GID: 0},
-			Args: []string{agentPath, "init"},
+			Args: []string{agentPath, "init", "--socket", agentSocket},
 			Env:  []string{"PATH=" + BasePath},
 			Cwd:  "/",
 			Capabilities: &specs.LinuxCapabilities{
@@ -83,6 +88,7 @@ func BuildSpec(sb Sandbox, p sandboxPaths, cgroupsPath string) *specs.Spec {
 			{Destination: "/tmp", Type: "bind", Source: p.Tmp, Options: []string{"rbind", "rw", "nosuid", "nodev"}},
 			{Destination: Workspace, Type: "bind", Source: p.Workspace, Options: []string{"rbind", "rw", "nosuid", "nodev"}},
 			{Destination: agentPath, Type: "bind", Source: p.Agent, Options: []string{"rbind", "ro"}},
+			{Destination: runDir, Type: "bind", Source: p.Run, Options: []string{"rbind", "rw", "nosuid", "nodev", "noexec"}},
 		},
 		Linux: &specs.Linux{
 			CgroupsPath: cgroupsPath,

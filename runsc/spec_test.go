@@ -38,6 +38,7 @@ func goldenSandbox() (Sandbox, sandboxPaths, string) {
 		Workspace: d + "/disk/workspace",
 		Tmp:       d + "/disk/tmp",
 		Agent:     "/usr/local/lib/sandboxd/sandboxd-agent",
+		Run:       d + "/run",
 		Netns:     netnsPath(id),
 	}
 	return sb, p, id
@@ -158,7 +159,7 @@ func TestBuildSpecSemantics(t *testing.T) {
 		if s.Root.Path != p.Rootfs || !s.Process.NoNewPrivileges {
 			t.Errorf("root/noNewPrivileges: %+v %v", s.Root, s.Process.NoNewPrivileges)
 		}
-		if strings.Join(s.Process.Args, " ") != agentPath+" init" {
+		if strings.Join(s.Process.Args, " ") != agentPath+" init --socket "+agentSocket {
 			t.Errorf("init args = %q", s.Process.Args)
 		}
 		if s.Process.Env[0] != "PATH="+BasePath {
