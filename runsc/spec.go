@@ -35,7 +35,7 @@ const (
 	// directory, so sandbox users cannot reach the agent themselves.
 	runDir      = "/.sandboxd/run"
 	agentSocket = runDir + "/agent.sock"
-	cpuPeriod = 100000
+	cpuPeriod   = 100000
 )
 
 // BasePath is the PATH of every process in a sandbox.
