@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gin-gonic/gin"
+	"github.com/gorilla/websocket"
 
 	"sandboxd/store"
 )
@@ -70,6 +71,10 @@ func (s *Server) routes() *gin.Engine {
 	op("POST", "/sandbox/:sessionId/teardown", "sandbox.teardown", PermProjectUpdate, s.teardown)
 	op("DELETE", "/sandbox/:sessionId", "sandbox.delete", PermProjectUpdate, s.deleteSandbox)
 	op("POST", "/sandbox/terminal/:sessionId", "sandbox.terminal", PermProjectUpdate, s.terminal)
+	op("GET", "/sandbox/terminal/:sessionId/ws", "sandbox.terminal_ws", PermProjectUpdate, s.terminalWS)
+	op("POST", "/sandbox/:sessionId/tickets", "sandbox.ticket", PermProjectUpdate, s.createTicket)
+	op("GET", "/sandbox/:sessionId/terminals", "sandbox.terminals", PermProjectRead, s.listTerminals)
+	op("DELETE", "/sandbox/:sessionId/terminals/:terminalId", "sandbox.terminal_kill", PermProjectUpdate, s.killTerminal)
 
 	op("GET", "/me", "me.get", "", s.me)
 	op("POST", "/tokens", "token.create", "", s.createToken)
@@ -114,6 +119,19 @@ func (s *Server) bodyLimit(c *gin.Context) {
 func (s *Server) authenticate(c *gin.Context) {
 	// The scheme name is case-insensitive (RFC 7235).
 	scheme, token, ok := strings.Cut(strings.TrimSpace(c.GetHeader("Authorization")), " ")
+	if c.GetHeader("Authorization") == "" && websocket.IsWebSocketUpgrade(c.Request) {
+		// Browsers cannot set headers on a WebSocket: a bearer token in
+		// the subprotocol list, or a single-use ticket for this session.
+		if t := wsToken(c.Request); t != "" {
+			scheme, token, ok = "Bearer", t, true
+		} else if tk := c.Query("ticket"); tk != "" {
+			if t, valid := s.tix.redeem(tk, time.Now()); valid && t.sessionID == c.Param("sessionId") {
+				c.Set(ctxPrincipal, t.p)
+				c.Next()
+				return
+			}
+		}
+	}
 	if !ok || !strings.EqualFold(scheme, "Bearer") || strings.TrimSpace(token) == "" {
 		s.auditDenied(c, http.StatusUnauthorized)
 		s.writeError(c, errUnauthenticated)

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"sandboxd/runsc"
+	"sandboxd/runsc/agent"
 	"sandboxd/store"
 )
 
@@ -120,6 +121,11 @@ func (f *fakeRuntime) KillAll(ctx context.Context, id string) error {
 }
 
 func (f *fakeRuntime) CleanExecFiles() {}
+
+func (f *fakeRuntime) Start(ctx context.Context, id string, s agent.Spec) (*agent.Process, error) {
+	f.record("start " + id)
+	return nil, &agent.AgentError{Message: "no agent in the fake runtime"}
+}
 
 func (f *fakeRuntime) callsWith(prefix string) []string {
 	f.mu.Lock()

@@ -21,6 +21,7 @@ type Config struct {
 	Listen         string   `yaml:"listen"`
 	DataDir        string   `yaml:"dataDir"`
 	TrustedProxies []string `yaml:"trustedProxies"`
+	AllowedOrigins []string `yaml:"allowedOrigins"`
 	Runsc          struct {
 		Binary   string `yaml:"binary"`
 		Agent    string `yaml:"agent"`
@@ -43,6 +44,7 @@ type Config struct {
 		MaxExecsPerSession   int   `yaml:"maxExecsPerSession"`
 		MaxMemoryMiB         int   `yaml:"maxMemoryMiB"`
 		MinFreeDiskMiB       int   `yaml:"minFreeDiskMiB"`
+		TerminalIdleSeconds  int   `yaml:"terminalIdleSeconds"`
 	} `yaml:"limits"`
 
 	// Sizes is loaded from configs/sizes.yaml (not part of the file above).
@@ -137,7 +139,7 @@ func (c *Config) validate() error {
 	l := c.Limits
 	if l.MaxBodyBytes < 1024 || l.ExecOutputBytes < 1024 || l.ExecDefaultTimeoutMs < 1 ||
 		l.ExecMaxTimeoutMs < l.ExecDefaultTimeoutMs || l.MaxSandboxes < 1 || l.MaxSandboxesPerOrg < 1 ||
-		l.MaxExecsPerSession < 1 || l.MaxMemoryMiB < 0 || l.MinFreeDiskMiB < 0 {
+		l.MaxExecsPerSession < 1 || l.MaxMemoryMiB < 0 || l.MinFreeDiskMiB < 0 || l.TerminalIdleSeconds < 1 {
 		errs = append(errs, errors.New("limits: out of range"))
 	}
 	return errors.Join(errs...)

@@ -264,6 +264,7 @@ func (m *manager) teardown(ctx context.Context, ses *store.Session) (teardownRes
 			m.release(ses.OrgID, ses.MemoryMiB) // a stopping session holds no capacity
 		}
 	}
+	m.s.terms.closeSession(ses.ID)
 	res.WorkspaceBytes = dirBytes(m.s.rt.WorkspaceDir(ses.ContainerID))
 	if err := m.s.rt.Destroy(context.Background(), ses.ContainerID, true); err != nil {
 		m.s.log.Error("teardown", "session", ses.SessionID, "err", err)
@@ -279,6 +280,7 @@ func (m *manager) remove(ctx context.Context, ses *store.Session) error {
 	if ses.Status == store.StatusProvisioning {
 		return conflict("session is still provisioning")
 	}
+	m.s.terms.closeSession(ses.ID)
 	if err := m.s.rt.Destroy(context.Background(), ses.ContainerID, false); err != nil {
 		m.s.log.Error("delete", "session", ses.SessionID, "err", err)
 		return apiErr(http.StatusServiceUnavailable, "unavailable", "the sandbox could not be removed completely; retry the delete")
@@ -307,6 +309,7 @@ func (m *manager) markDead(ses *store.Session, reason string) {
 		return
 	}
 	m.release(ses.OrgID, ses.MemoryMiB)
+	m.s.terms.closeSession(ses.ID)
 	m.s.log.Warn("sandbox died", "session", ses.SessionID, "reason", reason)
 	m.auditSystem("sandbox.failed", ses, map[string]any{"reason": reason})
 	if err := m.s.rt.Destroy(context.Background(), ses.ContainerID, true); err != nil {

@@ -19,6 +19,7 @@ type metrics struct {
 	requests  *prometheus.CounterVec
 	provision prometheus.Histogram
 	exec      prometheus.Histogram
+	wsConns   prometheus.Gauge
 }
 
 func newMetrics(db *store.DB) *metrics {
@@ -34,7 +35,8 @@ func newMetrics(db *store.DB) *metrics {
 		Name: "sandboxd_exec_seconds", Help: "REST exec round trip inside the server (command run time included).",
 		Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
 	})
-	m.reg.MustRegister(m.requests, m.provision, m.exec, sessionCollector{db},
+	m.wsConns = prometheus.NewGauge(prometheus.GaugeOpts{Name: "sandboxd_websocket_connections", Help: "Open WebSocket connections."})
+	m.reg.MustRegister(m.requests, m.provision, m.exec, m.wsConns, sessionCollector{db},
 		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 	return m
 }

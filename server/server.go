@@ -24,6 +24,7 @@ import (
 	"github.com/gin-gonic/gin"
 
 	"sandboxd/runsc"
+	"sandboxd/runsc/agent"
 	"sandboxd/runsc/image"
 	"sandboxd/store"
 )
@@ -40,6 +41,7 @@ type Runtime interface {
 	WorkspaceDir(id string) string
 	KillAll(ctx context.Context, id string) error
 	CleanExecFiles()
+	Start(ctx context.Context, id string, s agent.Spec) (*agent.Process, error)
 }
 
 // Server is one sandboxd instance.
@@ -53,6 +55,8 @@ type Server struct {
 	sb     *manager
 	met    *metrics
 	scrub  *scrubbers
+	terms  *terminals
+	tix    *tickets
 }
 
 // DBPath is the SQLite file inside a data directory.
@@ -151,6 +155,8 @@ func newServer(cfg *Config, db *store.DB, rt Runtime, img string, log *slog.Logg
 	s := &Server{cfg: cfg, db: db, rt: rt, image: img, met: newMetrics(db), scrub: &scrubbers{base: base},
 		log: slog.New(scrubHandler{log.Handler(), base})}
 	s.met.reg.MustRegister(redactions{base})
+	s.terms = newTerminals(time.Duration(cfg.Limits.TerminalIdleSeconds) * time.Second)
+	s.tix = newTickets()
 	s.sb = newManager(s)
 	s.engine = s.routes()
 	return s
@@ -192,6 +198,7 @@ func (s *Server) Start(ctx context.Context) error {
 // written completely). Sandboxes keep running.
 func (s *Server) Close() error {
 	s.sb.stop()
+	s.terms.shutdown()
 	return s.db.Close()
 }
 

@@ -1,0 +1,69 @@
+package server
+
+import (
+	"crypto/rand"
+	"encoding/base64"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/gin-gonic/gin"
+
+	"sandboxd/store"
+)
+
+// ticketTTL: a browser gets a ticket and opens its WebSocket at once.
+const ticketTTL = 60 * time.Second
+
+// tickets are short-lived, single-use credentials for one session's
+// WebSockets, for browsers that cannot set an Authorization header.
+type tickets struct {
+	mu sync.Mutex
+	m  map[string]ticket
+}
+
+type ticket struct {
+	p         store.Principal
+	sessionID string
+	expires   time.Time
+}
+
+func newTickets() *tickets { return &tickets{m: map[string]ticket{}} }
+
+func (t *tickets) issue(p store.Principal, sessionID string, now time.Time) (string, time.Time) {
+	var b [24]byte
+	rand.Read(b[:])
+	id := "tkt_" + base64.RawURLEncoding.EncodeToString(b[:])
+	exp := now.Add(ticketTTL)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for k, v := range t.m { // drop expired ones
+		if now.After(v.expires) {
+			delete(t.m, k)
+		}
+	}
+	t.m[id] = ticket{p: p, sessionID: sessionID, expires: exp}
+	return id, exp
+}
+
+// redeem consumes a ticket: it works once, before it expires.
+func (t *tickets) redeem(id string, now time.Time) (ticket, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	tk, ok := t.m[id]
+	delete(t.m, id)
+	if !ok || now.After(tk.expires) {
+		return ticket{}, false
+	}
+	return tk, true
+}
+
+// createTicket: POST /v1/sandbox/:sessionId/tickets.
+func (s *Server) createTicket(c *gin.Context) {
+	ses, ok := s.sessionFor(c)
+	if !ok {
+		return
+	}
+	id, exp := s.tix.issue(principal(c), ses.SessionID, time.Now())
+	c.JSON(http.StatusCreated, gin.H{"ticket": id, "expiresAt": exp.UTC()})
+}

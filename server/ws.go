@@ -1,0 +1,456 @@
+package server
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"io"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gin-gonic/gin"
+	"github.com/gorilla/websocket"
+
+	"sandboxd/runsc"
+	"sandboxd/runsc/agent"
+	"sandboxd/store"
+	"sandboxd/streams"
+	"sandboxd/streams/scrub"
+)
+
+const (
+	wsReadLimit    = 1 << 20
+	wsPongWait     = 60 * time.Second
+	wsPingEvery    = 20 * time.Second
+	wsWriteWait    = 10 * time.Second
+	wsSubprotocol  = "sandboxd"
+	bearerProtoPfx = "bearer."
+)
+
+// originAllowed: no Origin (not a browser) is fine, it authenticates with a
+// header; a browser's Origin must be this server's own or a configured one.
+func (s *Server) originAllowed(r *http.Request) bool {
+	origin := r.Header.Get("Origin")
+	if origin == "" {
+		return true
+	}
+	u, err := url.Parse(origin)
+	if err != nil || u.Host == "" {
+		return false
+	}
+	if strings.EqualFold(u.Host, r.Host) && (u.Scheme == "http" || u.Scheme == "https") {
+		return true
+	}
+	for _, o := range s.cfg.AllowedOrigins {
+		if strings.EqualFold(strings.TrimSuffix(o, "/"), origin) {
+			return true
+		}
+	}
+	return false
+}
+
+// wsToken finds a bearer token in a WebSocket upgrade's subprotocols.
+func wsToken(r *http.Request) string {
+	for _, p := range websocket.Subprotocols(r) {
+		if t, ok := strings.CutPrefix(p, bearerProtoPfx); ok {
+			return t
+		}
+	}
+	return ""
+}
+
+func (s *Server) upgrader() *websocket.Upgrader {
+	return &websocket.Upgrader{
+		ReadBufferSize: 32 << 10, WriteBufferSize: 32 << 10,
+		CheckOrigin: s.originAllowed,
+		// Answer with "sandboxd" when offered, never echo a bearer token.
+		Subprotocols: []string{wsSubprotocol},
+	}
+}
+
+type wsControl struct {
+	Type   string `json:"type"`
+	Data   string `json:"data"`
+	Cols   uint16 `json:"cols"`
+	Rows   uint16 `json:"rows"`
+	Signal string `json:"signal"`
+}
+
+// wsConn serializes writes to one WebSocket (one writer goroutine owns it;
+// others hand it messages).
+type wsConn struct {
+	c    *websocket.Conn
+	out  chan wsMsg
+	done chan struct{}
+	once sync.Once
+}
+
+type wsMsg struct {
+	typ  int
+	data []byte
+}
+
+func newWSConn(c *websocket.Conn) *wsConn {
+	return &wsConn{c: c, out: make(chan wsMsg, 64), done: make(chan struct{})}
+}
+
+func (w *wsConn) close() { w.once.Do(func() { close(w.done) }) }
+
+func (w *wsConn) send(typ int, data []byte) bool {
+	select {
+	case w.out <- wsMsg{typ, data}:
+		return true
+	case <-w.done:
+		return false
+	}
+}
+
+func (w *wsConn) sendJSON(v any) bool {
+	b, _ := json.Marshal(v)
+	return w.send(websocket.TextMessage, b)
+}
+
+// writer is the only goroutine writing to the socket: messages, pings.
+func (w *wsConn) writer() {
+	ping := time.NewTicker(wsPingEvery)
+	defer ping.Stop()
+	defer w.c.Close()
+	for {
+		select {
+		case m := <-w.out:
+			w.c.SetWriteDeadline(time.Now().Add(wsWriteWait))
+			if err := w.c.WriteMessage(m.typ, m.data); err != nil {
+				w.close()
+				return
+			}
+			if m.typ == websocket.CloseMessage {
+				w.close()
+				return
+			}
+		case <-ping.C:
+			if err := w.c.WriteControl(websocket.PingMessage, nil, time.Now().Add(wsWriteWait)); err != nil {
+				w.close()
+				return
+			}
+		case <-w.done:
+			w.c.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""), time.Now().Add(time.Second))
+			return
+		}
+	}
+}
+
+func (w *wsConn) closeWith(code int, reason string) {
+	w.send(websocket.CloseMessage, websocket.FormatCloseMessage(code, reason))
+}
+
+// terminalWS: GET /v1/sandbox/terminal/:sessionId/ws.
+func (s *Server) terminalWS(c *gin.Context) {
+	ses, ok := s.sessionFor(c)
+	if !ok {
+		return
+	}
+	if !websocket.IsWebSocketUpgrade(c.Request) {
+		s.writeError(c, badRequest("this endpoint needs a WebSocket upgrade"))
+		return
+	}
+	if !s.originAllowed(c.Request) {
+		s.writeError(c, forbiddenMsg("cross-origin WebSocket refused"))
+		return
+	}
+	if ses.Status != store.StatusRunning {
+		s.writeError(c, conflict("session is %s; terminals need a running session", ses.Status))
+		return
+	}
+	q := c.Request.URL.Query()
+	tty := q.Get("tty") != "false"
+	cols, rows := parseSize(q.Get("cols"), 120), parseSize(q.Get("rows"), 40)
+	termID := q.Get("terminalId")
+	command := q.Get("command")
+
+	var term *terminal
+	var proc Process
+	if termID != "" {
+		if term = s.terms.get(termID); term == nil || term.sessionPK != ses.ID {
+			s.writeError(c, apiErr(http.StatusNotFound, "not_found", "no such terminal"))
+			return
+		}
+	} else {
+		if tty && s.terms.count(ses.ID) >= maxTerminalsPerSession {
+			s.writeError(c, apiErr(http.StatusTooManyRequests, "rate_limited", "at most %d terminals per session", maxTerminalsPerSession))
+			return
+		}
+		secrets, err := s.db.Secrets(c.Request.Context(), ses.ID)
+		if err != nil {
+			s.writeError(c, err)
+			return
+		}
+		args := []string{"/bin/bash", "-l"}
+		if command != "" {
+			args = []string{"/bin/bash", "-lc", command}
+		}
+		env := commandEnv(ses.Env, secrets, nil)
+		if tty {
+			env = setEnv(env, "TERM", "xterm-256color")
+		}
+		ctx, cancel := startCtx()
+		var ap *agent.Process
+		ap, err = s.rt.Start(ctx, ses.ContainerID, agent.Spec{Args: args, Env: env, Cwd: runsc.Workspace,
+			UID: runsc.UserUID, GID: runsc.UserGID, TTY: tty, Cols: cols, Rows: rows, Stdin: true})
+		cancel()
+		if err != nil {
+			s.log.Warn("start process", "session", ses.SessionID, "err", err)
+			s.writeError(c, apiErr(http.StatusConflict, "conflict", "could not start the process: %s", agentMessage(err)))
+			return
+		}
+		proc = ap
+		if tty {
+			term = s.terms.start(ses.ID, ses.SessionID, proc, s.scrub.forSession(ses.ID, secrets))
+		}
+	}
+	auditDetail(c, "tty", tty)
+	conn, err := s.upgrader().Upgrade(c.Writer, c.Request, nil)
+	if err != nil {
+		if proc != nil && term == nil {
+			proc.Close()
+		}
+		return // the upgrader answered
+	}
+	s.met.wsConns.Inc()
+	defer s.met.wsConns.Dec()
+	conn.SetReadLimit(wsReadLimit)
+	w := newWSConn(conn)
+	go w.writer()
+	if term != nil {
+		auditDetail(c, "terminalId", term.id)
+		s.serveTerminal(w, conn, term)
+		return
+	}
+	secrets, _ := s.db.Secrets(c.Request.Context(), ses.ID)
+	s.serveExecStream(w, conn, proc, s.scrub.forSession(ses.ID, secrets))
+}
+
+const maxTerminalsPerSession = 16
+
+func parseSize(v string, def uint16) uint16 {
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > 1000 {
+		return def
+	}
+	return uint16(n)
+}
+
+func setEnv(env []string, k, v string) []string {
+	for i, kv := range env {
+		if strings.HasPrefix(kv, k+"=") {
+			env[i] = k + "=" + v
+			return env
+		}
+	}
+	return append(env, k+"="+v)
+}
+
+func agentMessage(err error) string {
+	var ae *agent.AgentError
+	if errors.As(err, &ae) {
+		return ae.Message
+	}
+	return "the sandbox agent is not reachable"
+}
+
+// serveTerminal attaches a socket to a PTY: replay, then live output; input
+// and control messages go to the PTY. The PTY outlives the socket.
+func (s *Server) serveTerminal(w *wsConn, conn *websocket.Conn, t *terminal) {
+	v, _ := t.hub.Attach()
+	defer t.hub.Detach(v)
+	w.sendJSON(map[string]any{"type": "ready", "terminalId": t.id})
+	go s.readControl(w, conn, true, func(data []byte) error { return t.writeStdin(data) }, t.proc)
+	for {
+		select {
+		case chunk, ok := <-v.C:
+			if !ok {
+				switch {
+				case errors.Is(v.Err(), streams.ErrClosed):
+					<-t.done
+					w.sendJSON(map[string]any{"type": "exit", "exitCode": t.exit.Code, "signal": t.exit.Signal})
+					w.closeWith(websocket.CloseNormalClosure, "exit")
+				case errors.Is(v.Err(), streams.ErrSlowViewer):
+					s.log.Warn("terminal viewer dropped: too slow", "terminal", t.id)
+					w.sendJSON(map[string]any{"type": "error", "code": "slow_client", "message": "output queue full; reconnect with terminalId to resume"})
+					w.closeWith(websocket.ClosePolicyViolation, "slow client")
+				}
+				return
+			}
+			if !w.send(websocket.BinaryMessage, chunk) {
+				return
+			}
+		case <-w.done:
+			return
+		}
+	}
+}
+
+// readControl is the socket's one reader: stdin bytes and JSON controls.
+var ttySignalChars = map[string]byte{"SIGINT": 0x03, "SIGQUIT": 0x1c, "SIGTSTP": 0x1a}
+
+func (s *Server) readControl(w *wsConn, conn *websocket.Conn, tty bool, stdin func([]byte) error, p Process) {
+	defer w.close()
+	conn.SetReadDeadline(time.Now().Add(wsPongWait))
+	conn.SetPongHandler(func(string) error { return conn.SetReadDeadline(time.Now().Add(wsPongWait)) })
+	for {
+		typ, data, err := conn.ReadMessage()
+		if err != nil {
+			return
+		}
+		conn.SetReadDeadline(time.Now().Add(wsPongWait))
+		if typ == websocket.BinaryMessage {
+			if stdin(data) != nil {
+				return
+			}
+			continue
+		}
+		var m wsControl
+		if json.Unmarshal(data, &m) != nil {
+			w.sendJSON(map[string]any{"type": "error", "code": "invalid_request", "message": "text messages must be JSON controls"})
+			continue
+		}
+		switch m.Type {
+		case "stdin":
+			if stdin([]byte(m.Data)) != nil {
+				return
+			}
+		case "resize":
+			if m.Cols < 1 || m.Rows < 1 || m.Cols > 1000 || m.Rows > 1000 {
+				w.sendJSON(map[string]any{"type": "error", "code": "invalid_request", "message": "resize: cols and rows must be 1-1000"})
+				continue
+			}
+			p.Resize(m.Cols, m.Rows)
+		case "signal":
+			// On a PTY, interrupt characters reach the foreground job
+			// (job control puts it in its own process group).
+			if ch, ok := ttySignalChars[m.Signal]; ok && tty {
+				if stdin([]byte{ch}) != nil {
+					return
+				}
+				continue
+			}
+			switch m.Signal {
+			case "SIGINT", "SIGTERM", "SIGKILL", "SIGHUP", "SIGQUIT", "SIGTSTP", "SIGCONT", "SIGUSR1", "SIGUSR2", "SIGWINCH":
+				p.Signal(m.Signal, true)
+			default:
+				w.sendJSON(map[string]any{"type": "error", "code": "invalid_request", "message": "signal: unsupported"})
+			}
+		case "close_stdin":
+			if in := p.Stdin(); in != nil {
+				in.Close()
+			}
+		default:
+			w.sendJSON(map[string]any{"type": "error", "code": "invalid_request", "message": "unknown message type"})
+		}
+	}
+}
+
+// serveExecStream runs one command without a PTY: frames prefixed by 1
+// (stdout) or 2 (stderr), then the exit event. Backpressure instead of
+// dropping: a big burst arrives complete and in order.
+func (s *Server) serveExecStream(w *wsConn, conn *websocket.Conn, p Process, set *scrub.Set) {
+	defer p.Close()
+	w.sendJSON(map[string]any{"type": "ready"})
+	go s.readControl(w, conn, false, func(data []byte) error {
+		if in := p.Stdin(); in != nil {
+			_, err := in.Write(data)
+			return err
+		}
+		return nil
+	}, p)
+	var wg sync.WaitGroup
+	for _, st := range []struct {
+		tag byte
+		src io.Reader
+	}{{1, p.Stdout()}, {2, p.Stderr()}} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sw := set.NewWriter(frameWriter{w, st.tag})
+			io.Copy(sw, st.src)
+			sw.Close()
+		}()
+	}
+	exitc := make(chan agent.Exit, 1)
+	go func() {
+		e, _ := p.Wait()
+		wg.Wait()
+		exitc <- e
+	}()
+	select {
+	case e := <-exitc:
+		w.sendJSON(map[string]any{"type": "exit", "exitCode": e.Code, "signal": e.Signal})
+		w.closeWith(websocket.CloseNormalClosure, "exit")
+		<-w.done
+	case <-w.done: // the client went away: Close kills the process group
+	}
+}
+
+// frameWriter sends each write as one binary frame with a stream tag.
+type frameWriter struct {
+	w   *wsConn
+	tag byte
+}
+
+func (f frameWriter) Write(p []byte) (int, error) {
+	for len(p) > 0 {
+		n := min(len(p), 64<<10)
+		frame := make([]byte, n+1)
+		frame[0] = f.tag
+		copy(frame[1:], p[:n])
+		if !f.w.send(websocket.BinaryMessage, frame) {
+			return 0, io.ErrClosedPipe
+		}
+		p = p[n:]
+	}
+	return len(p), nil
+}
+
+type terminalJSON struct {
+	TerminalID string    `json:"terminalId"`
+	CreatedAt  time.Time `json:"createdAt"`
+	Viewers    int       `json:"viewers"`
+	Running    bool      `json:"running"`
+}
+
+// listTerminals: GET /v1/sandbox/:sessionId/terminals.
+func (s *Server) listTerminals(c *gin.Context) {
+	ses, ok := s.sessionFor(c)
+	if !ok {
+		return
+	}
+	out := []terminalJSON{}
+	for _, t := range s.terms.list(ses.ID) {
+		n, _ := t.hub.Viewers()
+		running := true
+		select {
+		case <-t.done:
+			running = false
+		default:
+		}
+		out = append(out, terminalJSON{TerminalID: t.id, CreatedAt: t.created.UTC(), Viewers: n, Running: running})
+	}
+	c.JSON(http.StatusOK, gin.H{"terminals": out})
+}
+
+// killTerminal: DELETE /v1/sandbox/:sessionId/terminals/:terminalId.
+func (s *Server) killTerminal(c *gin.Context) {
+	ses, ok := s.sessionFor(c)
+	if !ok {
+		return
+	}
+	t := s.terms.get(c.Param("terminalId"))
+	if t == nil || t.sessionPK != ses.ID {
+		s.writeError(c, apiErr(http.StatusNotFound, "not_found", "no such terminal"))
+		return
+	}
+	s.terms.remove(t)
+	c.Status(http.StatusNoContent)
+}

@@ -1,0 +1,252 @@
+package server
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gorilla/websocket"
+)
+
+// wsClient is a real WebSocket client of a terminal.
+type wsClient struct {
+	t    testing.TB
+	c    *websocket.Conn
+	out  bytes.Buffer
+	exit *int
+	id   string
+}
+
+func (h *harness) dialWS(path string, hdr http.Header) (*websocket.Conn, *http.Response, error) {
+	u := "ws" + strings.TrimPrefix(h.ts.URL, "http") + path
+	return websocket.DefaultDialer.Dial(u, hdr)
+}
+
+func (h *harness) terminalWS(t testing.TB, session, query string) *wsClient {
+	t.Helper()
+	hdr := http.Header{"Authorization": {"Bearer " + h.token}}
+	c, resp, err := h.dialWS("/v1/sandbox/terminal/"+session+"/ws?"+query, hdr)
+	if err != nil {
+		code, body := 0, ""
+		if resp != nil {
+			code = resp.StatusCode
+			b := make([]byte, 500)
+			n, _ := resp.Body.Read(b)
+			body = string(b[:n])
+		}
+		t.Fatalf("dial: %v (%d %s)", err, code, body)
+	}
+	w := &wsClient{t: t, c: c}
+	t.Cleanup(func() { c.Close() })
+	return w
+}
+
+// readUntil reads messages until the accumulated output contains want (or
+// an exit event arrives, or the deadline passes).
+func (w *wsClient) readUntil(want string, d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	if strings.Contains(w.out.String(), want) {
+		return true
+	}
+	for {
+		if time.Now().After(deadline) {
+			return false
+		}
+		w.c.SetReadDeadline(deadline)
+		typ, data, err := w.c.ReadMessage()
+		if err != nil {
+			return strings.Contains(w.out.String(), want)
+		}
+		if typ == websocket.BinaryMessage {
+			// Look only at the new bytes plus an overlap (output can be large).
+			from := max(0, w.out.Len()-len(want))
+			w.out.Write(data)
+			if strings.Contains(string(w.out.Bytes()[from:]), want) {
+				return true
+			}
+			continue
+		}
+		var ev map[string]any
+		json.Unmarshal(data, &ev)
+		switch ev["type"] {
+		case "ready":
+			if id, ok := ev["terminalId"].(string); ok {
+				w.id = id
+			}
+		case "exit":
+			code := int(ev["exitCode"].(float64))
+			w.exit = &code
+			return strings.Contains(w.out.String(), want)
+		}
+	}
+}
+
+func (w *wsClient) send(s string) {
+	w.c.WriteMessage(websocket.BinaryMessage, []byte(s))
+}
+
+func (w *wsClient) control(v any) {
+	b, _ := json.Marshal(v)
+	w.c.WriteMessage(websocket.TextMessage, b)
+}
+
+func TestRealTerminals(t *testing.T) {
+	h := startServer(t, realConfig(t))
+	code, _ := h.call(h.token, "POST", "/v1/sandbox", map[string]any{"sessionId": "tty1", "size": "test-tiny",
+		"secrets": map[string]string{"TOPSECRET": "hunter2-very-secret"}})
+	if code != 201 {
+		t.Fatal(code)
+	}
+	goroutines := runtime.NumGoroutine()
+	fds := countFDs()
+
+	t.Run("echo resize winch ctrl-c", func(t *testing.T) {
+		w := h.terminalWS(t, "tty1", "cols=100&rows=30")
+		if !w.readUntil("$ ", 10*time.Second) || w.id == "" {
+			t.Fatalf("no prompt: %q id=%q", w.out.String(), w.id)
+		}
+		w.send("tty; stty size; echo $((6*7))\n")
+		if !w.readUntil("42", 5*time.Second) || !strings.Contains(w.out.String(), "/dev/pts/") || !strings.Contains(w.out.String(), "30 100") {
+			t.Fatalf("%q", w.out.String())
+		}
+		w.send("trap 'echo WINCH-$(tput cols)' WINCH; sleep 3 & wait\n")
+		time.Sleep(300 * time.Millisecond)
+		w.control(map[string]any{"type": "resize", "cols": 132, "rows": 40})
+		if !w.readUntil("WINCH-132", 5*time.Second) {
+			t.Fatalf("no WINCH: %q", w.out.String())
+		}
+		w.send("sleep 100\n")
+		time.Sleep(300 * time.Millisecond)
+		w.control(map[string]any{"type": "signal", "signal": "SIGINT"})
+		w.send("echo after-$((1+1))\n")
+		if !w.readUntil("after-2", 5*time.Second) {
+			t.Fatalf("Ctrl-C did not interrupt: %q", w.out.String())
+		}
+		// The secret never appears in a frame.
+		w.send("echo $TOPSECRET; printf %s \"$TOPSECRET\" | base64\n")
+		if !w.readUntil("[REDACTED:TOPSECRET]", 5*time.Second) || strings.Contains(w.out.String(), "hunter2") {
+			t.Fatalf("secret: %q", w.out.String())
+		}
+		// Reconnect with terminalId replays; two viewers see the same output.
+		id := w.id
+		w.c.Close()
+		a := h.terminalWS(t, "tty1", "terminalId="+id)
+		b := h.terminalWS(t, "tty1", "terminalId="+id)
+		if !a.readUntil("after-2", 5*time.Second) {
+			t.Fatalf("no replay: %q", a.out.String())
+		}
+		a.send("echo both-$((2+3))\n")
+		if !a.readUntil("both-5", 5*time.Second) || !b.readUntil("both-5", 5*time.Second) {
+			t.Fatalf("viewers: %q / %q", a.out.String(), b.out.String())
+		}
+		a.send("exit 3\n")
+		if !a.readUntil("\x00never", 5*time.Second) && (a.exit == nil || *a.exit != 3) {
+			t.Fatalf("exit: %v", a.exit)
+		}
+	})
+
+	t.Run("exec stream burst", func(t *testing.T) {
+		hdr := http.Header{"Authorization": {"Bearer " + h.token}}
+		c, _, err := h.dialWS("/v1/sandbox/terminal/tty1/ws?tty=false&command="+
+			"head%20-c%2050000000%20/dev/zero%20%7C%20tr%20%27%5C0%27%20x%3B%20echo%20err%20%3E%262", hdr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		var stdout, stderr int
+		var exit = -1
+		for exit < 0 {
+			c.SetReadDeadline(time.Now().Add(60 * time.Second))
+			typ, data, err := c.ReadMessage()
+			if err != nil {
+				t.Fatalf("read: %v (stdout %d)", err, stdout)
+			}
+			if typ == websocket.BinaryMessage {
+				switch data[0] {
+				case 1:
+					if bytes.Count(data[1:], []byte("x")) != len(data)-1 {
+						t.Fatal("corrupt stdout frame")
+					}
+					stdout += len(data) - 1
+				case 2:
+					stderr += len(data) - 1
+				}
+				continue
+			}
+			var ev map[string]any
+			json.Unmarshal(data, &ev)
+			if ev["type"] == "exit" {
+				exit = int(ev["exitCode"].(float64))
+			}
+		}
+		if stdout != 50000000 || stderr != 4 || exit != 0 {
+			t.Fatalf("stdout %d stderr %d exit %d", stdout, stderr, exit)
+		}
+	})
+
+	t.Run("origin and tickets", func(t *testing.T) {
+		hdr := http.Header{"Authorization": {"Bearer " + h.token}, "Origin": {"https://evil.example"}}
+		if _, resp, err := h.dialWS("/v1/sandbox/terminal/tty1/ws", hdr); err == nil || resp == nil || resp.StatusCode != 403 {
+			t.Fatalf("foreign origin accepted: %v", err)
+		}
+		// A browser-like client: own Origin, no header, a ticket, used twice.
+		code, b := h.call(h.token, "POST", "/v1/sandbox/tty1/tickets", nil)
+		if code != 201 {
+			t.Fatal(code, string(b))
+		}
+		var tk struct{ Ticket string }
+		json.Unmarshal(b, &tk)
+		own := http.Header{"Origin": {h.ts.URL}}
+		c, _, err := h.dialWS("/v1/sandbox/terminal/tty1/ws?ticket="+tk.Ticket, own)
+		if err != nil {
+			t.Fatalf("ticket rejected: %v", err)
+		}
+		c.Close()
+		if _, resp, err := h.dialWS("/v1/sandbox/terminal/tty1/ws?ticket="+tk.Ticket, own); err == nil || resp.StatusCode != 401 {
+			t.Fatalf("ticket used twice: %v", err)
+		}
+		// Subprotocol bearer token, answered with "sandboxd" (never the token).
+		d := websocket.Dialer{Subprotocols: []string{"sandboxd", "bearer." + h.token}}
+		c, resp, err := d.Dial("ws"+strings.TrimPrefix(h.ts.URL, "http")+"/v1/sandbox/terminal/tty1/ws", own)
+		if err != nil || resp.Header.Get("Sec-WebSocket-Protocol") != "sandboxd" {
+			t.Fatalf("subprotocol auth: %v", err)
+		}
+		c.Close()
+	})
+
+	t.Run("slow viewer does not stall a fast one", func(t *testing.T) {
+		fast := h.terminalWS(t, "tty1", "")
+		fast.readUntil("$ ", 10*time.Second)
+		slow := h.terminalWS(t, "tty1", "terminalId="+fast.id) // never reads
+		_ = slow
+		fast.send("head -c 30000000 /dev/zero | base64 | tail -c 100 >/dev/null; yes | head -c 20000000; echo done-$((3*3))\n")
+		if !fast.readUntil("done-9", 60*time.Second) {
+			t.Fatalf("fast viewer stalled (%d bytes)", fast.out.Len())
+		}
+		fast.send("exit\n")
+	})
+
+	// Terminals closed, sockets gone: goroutines and fds back near baseline.
+	code, _ = h.call(h.token, "POST", "/v1/sandbox/tty1/teardown", nil)
+	if code != 200 {
+		t.Fatal(code)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) && (runtime.NumGoroutine() > goroutines+5 || countFDs() > fds+5) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	if g, f := runtime.NumGoroutine(), countFDs(); g > goroutines+5 || f > fds+5 {
+		t.Fatalf("leak: goroutines %d -> %d, fds %d -> %d", goroutines, g, fds, f)
+	}
+}
+
+func countFDs() int {
+	ents, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", os.Getpid()))
+	return len(ents)
+}
