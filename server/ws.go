@@ -3,8 +3,8 @@ package server
 import (
 	"encoding/json"
 	"errors"
-	"net/http"
 	"io"
+	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
