@@ -58,9 +58,18 @@ func (r *Runtime) Agent(id string) *agent.Client {
 	return &agent.Client{Socket: filepath.Join(r.dir(id), "run", "agent.sock"), DialTimeout: 2 * time.Second}
 }
 
-// Start starts a process (a PTY or a stream) through the sandbox's agent.
+// Start starts a process (a PTY or a stream) through the sandbox's agent,
+// waiting up to 3 s for an agent that is still coming up.
 func (r *Runtime) Start(ctx context.Context, id string, s agent.Spec) (*agent.Process, error) {
-	return r.Agent(id).Start(ctx, s)
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		p, err := r.Agent(id).Start(ctx, s)
+		var ae *agent.AgentError
+		if err == nil || errors.As(err, &ae) || time.Now().After(deadline) || ctx.Err() != nil {
+			return p, err
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // Exec runs a command and waits for it: through the in-sandbox agent when

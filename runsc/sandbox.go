@@ -109,26 +109,10 @@ func (r *Runtime) Create(ctx context.Context, sb Sandbox) (err error) {
 	if _, err := r.run(ctx, "start", sb.ID); err != nil {
 		return fmt.Errorf("start: %w", err)
 	}
-	r.waitAgent(ctx, sb.ID)
+	// The agent comes up a few milliseconds after start; Create does not
+	// wait for it: commands use runsc exec until it answers, and Start
+	// (terminals) waits for it.
 	return nil
-}
-
-// waitAgent waits (briefly) until the agent answers, so a sandbox is ready
-// for fast commands when Create returns. Commands still work without it
-// (runsc exec), so a slow agent is only logged.
-func (r *Runtime) waitAgent(ctx context.Context, id string) {
-	c := r.Agent(id)
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) && ctx.Err() == nil {
-		pctx, cancel := context.WithTimeout(ctx, time.Second)
-		_, err := c.Ping(pctx)
-		cancel()
-		if err == nil {
-			return
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-	r.log.Warn("sandbox agent did not answer; commands use runsc exec", "id", id)
 }
 
 // create runs `runsc create`. Its stdio becomes the sandbox init's stdio, so
