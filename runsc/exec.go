@@ -53,6 +53,11 @@ var ErrNotRunning = errors.New("sandbox is not running")
 // sandbox's user is at its process limit.
 var ErrTooManyProcesses = errors.New("sandbox is at its process limit")
 
+// KernelLog is the path of the sandbox's gVisor kernel log (runsc's boot log).
+func (r *Runtime) KernelLog(id string) string {
+	return filepath.Join(r.dir(id), "logs", "runsc.boot.log")
+}
+
 // Agent returns the client of a sandbox's in-sandbox agent.
 func (r *Runtime) Agent(id string) *agent.Client {
 	return &agent.Client{Socket: filepath.Join(r.dir(id), "run", "agent.sock"), DialTimeout: 2 * time.Second}

@@ -74,6 +74,8 @@ func (s *Server) routes() *gin.Engine {
 	op("GET", "/sandbox/terminal/:sessionId/ws", "sandbox.terminal_ws", PermProjectUpdate, s.terminalWS)
 	op("POST", "/sandbox/:sessionId/tickets", "sandbox.ticket", PermProjectUpdate, s.createTicket)
 	op("GET", "/sandbox/:sessionId/terminals", "sandbox.terminals", PermProjectRead, s.listTerminals)
+	op("GET", "/sandbox/:sessionId/logs", "sandbox.logs", PermProjectRead, s.getLogs)
+	op("GET", "/sandbox/:sessionId/logs/ws", "sandbox.logs_ws", PermProjectRead, s.logsWS)
 	op("DELETE", "/sandbox/:sessionId/terminals/:terminalId", "sandbox.terminal_kill", PermProjectUpdate, s.killTerminal)
 
 	op("GET", "/me", "me.get", "", s.me)

@@ -234,6 +234,8 @@ func (m *manager) provision(ctx context.Context, ses *store.Session, size Size) 
 		m.s.db.DeleteSessionRow(context.Background(), ses.ID)
 		return err
 	}
+	m.s.event(ses, "started", map[string]any{"size": ses.Size})
+	m.s.startKernelLog(ses)
 	return nil
 }
 
@@ -265,12 +267,14 @@ func (m *manager) teardown(ctx context.Context, ses *store.Session) (teardownRes
 		}
 	}
 	m.s.terms.closeSession(ses.ID)
+	m.s.stopKernelLog(ses.ID)
 	res.WorkspaceBytes = dirBytes(m.s.rt.WorkspaceDir(ses.ContainerID))
 	if err := m.s.rt.Destroy(context.Background(), ses.ContainerID, true); err != nil {
 		m.s.log.Error("teardown", "session", ses.SessionID, "err", err)
 		return res, apiErr(http.StatusServiceUnavailable, "unavailable", "the sandbox could not be stopped completely; retry the teardown")
 	}
 	reason := ses.StatusReason
+	m.s.event(ses, "stopped", map[string]any{"workspaceBytes": res.WorkspaceBytes})
 	return res, m.setStatus(context.Background(), ses, store.StatusStopped, reason)
 }
 
@@ -281,6 +285,7 @@ func (m *manager) remove(ctx context.Context, ses *store.Session) error {
 		return conflict("session is still provisioning")
 	}
 	m.s.terms.closeSession(ses.ID)
+	m.s.stopKernelLog(ses.ID)
 	if err := m.s.rt.Destroy(context.Background(), ses.ContainerID, false); err != nil {
 		m.s.log.Error("delete", "session", ses.SessionID, "err", err)
 		return apiErr(http.StatusServiceUnavailable, "unavailable", "the sandbox could not be removed completely; retry the delete")
@@ -310,6 +315,11 @@ func (m *manager) markDead(ses *store.Session, reason string) {
 	}
 	m.release(ses.OrgID, ses.MemoryMiB)
 	m.s.terms.closeSession(ses.ID)
+	m.s.stopKernelLog(ses.ID)
+	if reason == "oom" {
+		m.s.event(ses, "oom", map[string]any{"memoryMiB": ses.MemoryMiB})
+	}
+	m.s.event(ses, "exit", map[string]any{"reason": reason})
 	m.s.log.Warn("sandbox died", "session", ses.SessionID, "reason", reason)
 	m.auditSystem("sandbox.failed", ses, map[string]any{"reason": reason})
 	if err := m.s.rt.Destroy(context.Background(), ses.ContainerID, true); err != nil {
@@ -357,6 +367,7 @@ func (m *manager) reconcile(ctx context.Context) error {
 			if st.Status == runsc.StatusRunning && st.OOMKills == 0 {
 				keep[ses.ContainerID] = true
 				m.account(ses)
+				m.s.startKernelLog(ses)
 				continue
 			}
 			m.account(ses) // released again by markDead

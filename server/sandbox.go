@@ -363,6 +363,7 @@ func (s *Server) terminal(c *gin.Context) {
 	if req.Stdin != nil {
 		xr.Stdin = strings.NewReader(*req.Stdin)
 	}
+	s.event(ses, "process_start", map[string]any{"command": clip(string(set.Redact([]byte(req.Command))), 256), "cwd": req.Cwd})
 	end, ok := s.sb.begin(ses.ID, s.cfg.Limits.MaxExecsPerSession)
 	if !ok {
 		s.writeError(c, apiErr(http.StatusTooManyRequests, "rate_limited", "at most %d commands run at once in a session; retry when one ends", s.cfg.Limits.MaxExecsPerSession))
@@ -399,6 +400,7 @@ func (s *Server) terminal(c *gin.Context) {
 		}
 		s.noteDeadReason(ses, reason)
 	}
+	s.event(ses, "process_exit", map[string]any{"exitCode": res.ExitCode, "durationMs": res.Duration.Milliseconds(), "timedOut": res.TimedOut, "oom": res.OOM})
 	auditDetail(c, "exitCode", res.ExitCode)
 	auditDetail(c, "durationMs", res.Duration.Milliseconds())
 	c.JSON(http.StatusOK, execResponse{
@@ -449,6 +451,13 @@ func (s *Server) noteDeadReason(ses *store.Session, reason string) {
 	if cur, err := s.db.GetSessionByID(context.Background(), ses.ID); err == nil {
 		s.sb.markDead(&cur, reason)
 	}
+}
+
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
 }
 
 // commandEnv is the environment of a user command: platform defaults, then

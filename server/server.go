@@ -57,6 +57,7 @@ type Server struct {
 	scrub  *scrubbers
 	terms  *terminals
 	tix    *tickets
+	logs   *logs
 }
 
 // DBPath is the SQLite file inside a data directory.
@@ -157,6 +158,7 @@ func newServer(cfg *Config, db *store.DB, rt Runtime, img string, log *slog.Logg
 	s.met.reg.MustRegister(redactions{base})
 	s.terms = newTerminals(time.Duration(cfg.Limits.TerminalIdleSeconds) * time.Second)
 	s.tix = newTickets()
+	s.logs = newLogs()
 	s.sb = newManager(s)
 	s.engine = s.routes()
 	return s

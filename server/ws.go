@@ -206,8 +206,13 @@ func (s *Server) terminalWS(c *gin.Context) {
 			return
 		}
 		proc = ap
+		set := s.scrub.forSession(ses.ID, secrets)
+		shown := clip(string(set.Redact([]byte(command))), 256) // redact before cutting
 		if tty {
-			term = s.terms.start(ses.ID, ses.SessionID, proc, s.scrub.forSession(ses.ID, secrets))
+			term = s.terms.start(ses.ID, ses.SessionID, proc, set)
+			s.event(ses, "terminal_open", map[string]any{"terminalId": term.id, "command": shown})
+		} else {
+			s.event(ses, "process_start", map[string]any{"command": shown, "stream": true})
 		}
 	}
 	auditDetail(c, "tty", tty)

@@ -250,3 +250,47 @@ func countFDs() int {
 	ents, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", os.Getpid()))
 	return len(ents)
 }
+
+func TestRealKernelLogAndEvents(t *testing.T) {
+	h := startServer(t, realConfig(t))
+	code, _ := h.call(h.token, "POST", "/v1/sandbox", map[string]any{"sessionId": "log1", "size": "test-tiny",
+		"secrets": map[string]string{"TOPSECRET": "hunter2-very-secret"}})
+	if code != 201 {
+		t.Fatal(code)
+	}
+	hdr := http.Header{"Authorization": {"Bearer " + h.token}}
+	ws, _, err := h.dialWS("/v1/sandbox/log1/logs/ws", hdr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.Close()
+	h.sh("log1", "python3 -c 'import ctypes; ctypes.CDLL(None).syscall(442)'; echo $TOPSECRET")
+	h.sh("log1", "echo hunter2-very-secret")
+	var got []string
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		ws.SetReadDeadline(deadline)
+		_, data, err := ws.ReadMessage()
+		if err != nil {
+			break
+		}
+		got = append(got, string(data))
+		all := strings.Join(got, "\n")
+		if strings.Contains(all, "sys_442") && strings.Count(all, `"process_exit"`) >= 2 {
+			break
+		}
+	}
+	all := strings.Join(got, "\n")
+	for _, want := range []string{`"type":"kernel"`, "Unsupported syscall sys_442", `"kind":"started"`, `"kind":"process_start"`, `"kind":"process_exit"`, "[REDACTED:TOPSECRET]"} {
+		if !strings.Contains(all, want) {
+			t.Errorf("log stream lacks %q:\n%s", want, all)
+		}
+	}
+	if strings.Contains(all, "hunter2") || strings.Contains(all, h.cfg.DataDir) {
+		t.Errorf("log stream leaks a secret or a host path:\n%s", all)
+	}
+	code, b := h.call(h.token, "GET", "/v1/sandbox/log1/logs", nil)
+	if code != 200 || !strings.Contains(string(b), "sys_442") || strings.Contains(string(b), "hunter2") {
+		t.Fatalf("GET logs: %d %s", code, b)
+	}
+}
