@@ -30,16 +30,20 @@
 // # How
 //
 // Anchors are literals: rule keywords (ASCII case-insensitive) and every
-// known value encoding. A prefilter (prefilter.go) samples every second
-// position, hashes the folded 4-byte window into a 2^21-bit bitmap and
-// verifies only bitmap hits through a hash table; this is the whole cost
-// on clean text. A verified keyword runs its rule anchored at the keyword
-// on a bounded window (MaxLen+1 bytes, cut after the first byte no match
-// can contain). Rules of a simple shape (literal sets, character classes
-// with repeats, \b, groups; all but aws-secret-access-key today) run on a
-// small backtracking matcher with regexp's priorities (fast.go, checked
-// against regexp in tests); others use Go's regexp. A keyword whose next
-// byte cannot continue any match (e.g. "tokenizer") is dropped early.
+// known value encoding. A prefilter (prefilter.go) samples every third
+// position, hashes the folded 4-byte window into a 2^21-bit bitmap (each
+// anchor's windows at three consecutive offsets are entered; short
+// keywords' windows also with the bytes before or after them), checks hits
+// against a second small bitmap and a table of the entered windows, and
+// verifies only the candidate starts these give through a hash table; this
+// is the whole cost on clean text. A verified keyword runs its rule
+// anchored at the keyword on a bounded window (MaxLen+1 bytes, cut after
+// the first byte no match can contain). Rules of a simple shape (literal
+// sets, character classes with repeats, \b, groups; all but
+// aws-secret-access-key today) run on a small backtracking matcher with
+// regexp's priorities (fast.go, checked against regexp in tests); others
+// use Go's regexp. A keyword whose next byte cannot continue any match
+// (e.g. "tokenizer") is dropped early.
 //
 // # Streaming
 //

@@ -5,6 +5,9 @@ import (
 	"io"
 )
 
+// joinLen is how much of a large write is first scanned behind held bytes.
+const joinLen = 1024
+
 // ErrClosed is returned by Write and Flush after Close.
 var ErrClosed = errors.New("scrub: writer closed")
 
@@ -42,6 +45,23 @@ func (w *Writer) Write(p []byte) (int, error) {
 	if len(w.buf) == 0 {
 		w.process(p, false, true)
 		return len(p), w.err
+	}
+	if len(p) >= 2*joinLen && len(w.buf) < joinLen {
+		// Join the held bytes with only a head of p. Once everything still
+		// held lies in p, go on scanning p itself instead of copying all
+		// of it behind the held bytes (like a Write of p[:joinLen] and one of
+		// the rest, so the output is the same).
+		w.buf = append(w.buf, p[:joinLen]...)
+		w.process(w.buf, false, false)
+		if w.err != nil {
+			return len(p), w.err
+		}
+		if held := len(w.buf); held <= joinLen {
+			w.buf = w.buf[:0]
+			w.process(p[joinLen-held:], false, true)
+			return len(p), w.err
+		}
+		p = p[joinLen:]
 	}
 	w.buf = append(w.buf, p...)
 	// A long held candidate (say an open private key block) is rescanned
