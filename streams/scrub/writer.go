@@ -39,8 +39,9 @@ func (w *Writer) Write(p []byte) (int, error) {
 	if w.closed {
 		return 0, ErrClosed
 	}
+	n := len(p) // p is resliced below; the whole of it is always consumed
 	if w.err != nil {
-		return len(p), w.err
+		return n, w.err
 	}
 	if len(w.buf) == 0 {
 		w.process(p, false, true)
@@ -70,7 +71,7 @@ func (w *Writer) Write(p []byte) (int, error) {
 	if len(w.buf)-w.scanned >= w.scanned/4 {
 		w.process(w.buf, false, false)
 	}
-	return len(p), w.err
+	return n, w.err
 }
 
 // Flush writes out held bytes that can no longer begin a secret, for
