@@ -56,16 +56,28 @@
 // match reaching past one of these. The hold-back is bounded by the
 // longest rule window or anchor: a candidate that outgrows its MaxLen while
 // it could still match fails closed (the window is redacted). Released
-// bytes are final, so a Writer's output is exactly Redact of the whole
-// stream, for any split into writes (the fuzz test checks this).
+// bytes are final, so without Flush a Writer's output is exactly Redact of
+// the whole stream, for any split into writes (the fuzz test checks this).
 // Arbitrary bytes pass: invalid UTF-8, escape sequences and \r are data
 // like any other; nothing is normalised.
 //
 // Flush is for idle interactive streams: it releases what can no longer
-// begin a secret but keeps a possible secret prefix, however short. With
-// many known values registered, the last byte of a terminal echo is often
-// such a prefix (most alphanumerics begin some base64 form) and then shows
-// only with the next output. Close releases everything.
+// begin a secret, and also bytes held only because they are a prefix of
+// (or equal to) a rule keyword ("s", "AKI", "sk-", "passw"): a keyword is
+// harmless. The Writer keeps such released bytes (and the byte before
+// them, for \b) as context, so the rule still matches when the keyword
+// completes later; the redaction then starts at the first byte not yet
+// written ("AK" flushed, then "IA" and 16 more characters:
+// "AK[REDACTED:aws-access-key-id]"). So with only rules loaded a typed
+// character always shows at the next Flush. Flush never releases a byte
+// past a complete keyword that a rule could still take as its secret (the
+// "abc" of "sk-abc", the "=hunter" of "password=hunter"), a pending match,
+// or a prefix of a known value or of one of its encodings, however short:
+// with known values registered, the last byte or two of a terminal echo
+// are often such a prefix (most alphanumerics begin some base64 form) and
+// then show only with the next output. A flushed stream's output differs
+// from Redact of the whole only by such keyword prefixes in front of a
+// redaction (the fuzz test checks this too). Close releases everything.
 //
 // Known limits: base64 wrapped across lines inside the value is found
 // only line by line for multi-line values; (?i) literals in the fast

@@ -34,9 +34,12 @@ func fuzzSetup(tb testing.TB) (*Set, map[string]string, []Rule) {
 
 // FuzzScrub: random clean bytes with known values (plain, base64 at any
 // alignment, hex) and rule samples inserted at random offsets, written in
-// random splits. The output never contains a secret (value, or a
-// pattern's secret part), equals Redact of the whole input, and clean
-// input with nothing to redact passes byte-identical.
+// random splits, with Flush called at random points in half the runs. The
+// output never contains a secret (a value, or a pattern's secret part past
+// its keyword), and clean input with nothing to redact passes
+// byte-identical. Without Flush the output equals Redact of the whole
+// input; with Flush it may differ from it only by keyword prefixes
+// released before the rest of their match arrived (flushEquivalent).
 func FuzzScrub(f *testing.F) {
 	s, values, rules := fuzzSetup(f)
 	names := make([]string, 0, len(values))
@@ -58,9 +61,12 @@ func FuzzScrub(f *testing.F) {
 		rnd := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 		// 1. clean text alone
 		whole := s.Redact(clean)
-		got := stream(t, s, clean, randomSizes(rnd, len(clean)), rnd.IntN(2) == 0)
-		if !bytes.Equal(got, whole) {
+		got, flushed := fuzzStream(t, s, clean, rnd)
+		if !flushed && !bytes.Equal(got, whole) {
 			t.Fatalf("clean: streamed %q != whole %q", got, whole)
+		}
+		if err := flushEquivalent(s, clean, got); err != nil {
+			t.Fatalf("clean: streamed %q (whole %q): %v", got, whole, err)
 		}
 		if !bytes.Contains(whole, []byte("[REDACTED:")) && !bytes.Equal(whole, clean) {
 			t.Fatalf("clean text changed: %q -> %q", clean, whole)
@@ -88,7 +94,7 @@ func FuzzScrub(f *testing.F) {
 				}
 				m := regs[ri].FindStringSubmatch(sample)
 				// newlines keep the sample's own boundaries
-				sec = fuzzSecret{text: "\n" + sample + "\n", secret: m[r.SecretGroup]}
+				sec = fuzzSecret{text: "\n" + sample + "\n", secret: secretPastKeyword(r, m[0], m[r.SecretGroup])}
 			}
 			secrets = append(secrets, sec)
 		}
@@ -107,9 +113,12 @@ func FuzzScrub(f *testing.F) {
 		}
 		in = append(in, clean[last:]...)
 		whole = s.Redact(in)
-		got = stream(t, s, in, randomSizes(rnd, len(in)), rnd.IntN(2) == 0)
-		if !bytes.Equal(got, whole) {
+		got, flushed = fuzzStream(t, s, in, rnd)
+		if !flushed && !bytes.Equal(got, whole) {
 			t.Fatalf("streamed != whole\nin:     %q\nstream: %q\nwhole:  %q", in, got, whole)
+		}
+		if err := flushEquivalent(s, in, got); err != nil {
+			t.Fatalf("%v\nin:     %q\nstream: %q\nwhole:  %q", err, in, got, whole)
 		}
 		for _, sec := range secrets {
 			if sec.secret != "" && bytes.Contains(got, []byte(sec.secret)) {
@@ -120,4 +129,29 @@ func FuzzScrub(f *testing.F) {
 			}
 		}
 	})
+}
+
+// fuzzStream writes in through a Writer in random splits; in half the runs
+// it calls Flush after a random subset of the writes (flushed: it did).
+func fuzzStream(t *testing.T, s *Set, in []byte, rnd *rand.Rand) (out []byte, flushed bool) {
+	var b bytes.Buffer
+	w := s.NewWriter(&b)
+	p := 0
+	if rnd.IntN(2) == 0 {
+		p = 1 + rnd.IntN(4) // flush after a write with probability p/4
+	}
+	for _, n := range randomSizes(rnd, len(in)) {
+		w.Write(in[:n])
+		in = in[n:]
+		if p > 0 && rnd.IntN(4) < p {
+			if err := w.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			flushed = true
+		}
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return b.Bytes(), flushed
 }

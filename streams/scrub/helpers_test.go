@@ -2,8 +2,10 @@ package scrub
 
 import (
 	"bytes"
+	"fmt"
 	"math/rand/v2"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -101,3 +103,56 @@ func randString(rnd *rand.Rand, class string, n int) string {
 	}
 	return string(b)
 }
+
+// flushEquivalent checks the output of a stream that may have been flushed
+// against Redact of the whole input: the same, except that a redaction of
+// a rule match may be preceded by a keyword prefix Flush released before
+// the rest of the match arrived ("AK[REDACTED:aws-access-key-id]" for
+// "[REDACTED:aws-access-key-id]"). Nothing else may differ: no byte past a
+// keyword prefix, and no prefix at all of a known value's redaction.
+func flushEquivalent(s *Set, in, got []byte) error {
+	var sc scratch
+	s.scan(&sc, in, -1, true, false)
+	g, p := got, 0
+	for _, r := range sc.regs {
+		if !bytes.HasPrefix(g, in[p:r.start]) {
+			return fmt.Errorf("differs before input offset %d: got ...%q", r.start, head(g))
+		}
+		g = g[r.start-p:]
+		k := 0
+		for ; !bytes.HasPrefix(g[k:], r.lab.repl); k++ {
+			if k >= len(g) || r.start+k >= r.end || g[k] != in[r.start+k] {
+				return fmt.Errorf("redaction %s at input offset %d missing: got ...%q", r.lab.repl, r.start, head(g))
+			}
+		}
+		if k > 0 {
+			if r.lab.prio == 0 {
+				return fmt.Errorf("%q of known value %s released before its redaction", in[r.start:r.start+k], r.lab.repl)
+			}
+			if !isKeywordPrefix(s, in[r.start:r.start+k]) {
+				return fmt.Errorf("%q released before %s is not a keyword prefix", in[r.start:r.start+k], r.lab.repl)
+			}
+		}
+		g = g[k+len(r.lab.repl):]
+		p = r.end
+	}
+	if !bytes.Equal(g, in[p:]) {
+		return fmt.Errorf("differs after input offset %d: got %q, want %q", p, head(g), head(in[p:]))
+	}
+	return nil
+}
+
+// isKeywordPrefix: b is a prefix of (or equal to) a rule keyword, ASCII
+// case-insensitively.
+func isKeywordPrefix(s *Set, b []byte) bool {
+	for _, r := range s.rules {
+		for _, k := range r.src.Keywords {
+			if len(b) <= len(k) && strings.EqualFold(string(b), k[:len(b)]) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func head(b []byte) []byte { return b[:min(len(b), 80)] }

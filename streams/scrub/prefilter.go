@@ -377,15 +377,16 @@ func probe(bits *[bitmapWords]uint64, data []byte, i int) (int, uint) {
 	return i, 0
 }
 
-// partial reports whether t (1..3 bytes) is a proper prefix of an anchor.
-func (pf *prefilter) partial(t []byte) bool {
+// partial reports whether t (1..3 bytes) is a proper prefix of a known
+// value anchor (value) or of a keyword (keyword; only tested if not value).
+func (pf *prefilter) partial(t []byte) (value, keyword bool) {
 	if _, ok := pf.exPre[string(t)]; ok {
-		return true
+		return true, false
 	}
 	var lb [3]byte
 	for j, c := range t {
 		lb[j] = lowerByte(c)
 	}
 	_, ok := pf.lowPre[string(lb[:len(t)])]
-	return ok
+	return false, ok
 }

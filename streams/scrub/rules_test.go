@@ -48,8 +48,16 @@ func TestRuleSamples(t *testing.T) {
 						if r.SecretGroup > 0 && !strings.Contains(out, c.pre) {
 							t.Fatalf("%q: context lost: %q", s, out)
 						}
-						if got := string(stream(t, set, []byte(in), randomSizes(rnd, len(in)), rep%2 == 0)); got != out {
+						flushed := rep%2 == 0
+						got := stream(t, set, []byte(in), randomSizes(rnd, len(in)), flushed)
+						if !flushed && string(got) != out {
 							t.Fatalf("streamed %q != whole %q", got, out)
+						}
+						if err := flushEquivalent(set, []byte(in), got); err != nil {
+							t.Fatalf("streamed %q (whole %q): %v", got, out, err)
+						}
+						if strings.Contains(string(got), secretPastKeyword(r, m[0], secret)) {
+							t.Fatalf("secret part of %q left in streamed output %q", s, got)
 						}
 					}
 				}
@@ -172,4 +180,20 @@ func TestFastMatcherAgrees(t *testing.T) {
 	if len(fast) < 12 {
 		t.Fatalf("only %d rules on the fast path: %v", len(fast), fast)
 	}
+}
+
+// secretPastKeyword is what must never be written out of a match of r:
+// the secret group, or for group 0 the match past its keyword (Flush may
+// have released a prefix of the keyword before the rest arrived).
+func secretPastKeyword(r Rule, match, secret string) string {
+	if r.SecretGroup > 0 {
+		return secret
+	}
+	own := ""
+	for _, k := range r.Keywords {
+		if len(k) > len(own) && len(k) <= len(match) && strings.EqualFold(match[:len(k)], k) {
+			own = k
+		}
+	}
+	return match[len(own):]
 }

@@ -25,6 +25,19 @@ type scratch struct {
 	nfa     nfaScratch
 	loc     []int
 	fast    fastState
+	// The current scan's results: data[hold:] must be kept; in flush mode
+	// data[hold:rel] is only a keyword prefix (see scan).
+	hold, rel int
+	flush     bool
+}
+
+// holdAt records that data[i:] could be (part of) a secret and must be
+// kept. lim is how far Flush may still release: data[i:lim] is at most a
+// prefix of (or equal to) a rule keyword; lim == i for anything else (a
+// prefix of a known value or encoding, a pending match, secret bytes).
+func (sc *scratch) holdAt(i, lim int) {
+	sc.hold = min(sc.hold, i)
+	sc.rel = min(sc.rel, lim)
 }
 
 func (s *Set) getScratch() *scratch {
@@ -45,22 +58,50 @@ func (s *Set) getScratch() *scratch {
 // extend with more input (and whose MaxLen window is not yet complete); a
 // base64 value match whose extension is not decided; the start of any match
 // that reaches past one of these.
-func (s *Set) scan(sc *scratch, data []byte, prev int, final bool) int {
+//
+// flush (Writer.Flush) also computes rel >= hold (else rel == hold):
+// data[hold:rel] is held only because it is a prefix of (or equal to) a rule
+// keyword, so it may be written out while still kept as context for the
+// next scan. rel stops at the first byte past such a keyword prefix that a
+// rule could still take as its secret part, at a prefix of a known value
+// or encoding, at a pending base64 match and at any match start after hold.
+// Candidates after hold are evaluated up to rel to find these.
+func (s *Set) scan(sc *scratch, data []byte, prev int, final, flush bool) (hold, rel int) {
 	n := len(data)
-	hold := n
+	sc.hold, sc.rel, sc.flush = n, n, flush
 	sc.regs = sc.regs[:0]
 	sc.hits = s.pf.scan(data, sc.hits[:0])
 	if !final {
 		for p := max(0, n-3); p < n; p++ {
-			if s.pf.partial(data[p:]) {
-				hold = p
+			value, keyword := s.pf.partial(data[p:])
+			if value {
+				sc.holdAt(p, p)
 				break
+			}
+			if keyword {
+				sc.holdAt(p, n)
+				if !flush {
+					break
+				}
 			}
 		}
 	}
-	if len(sc.hits) == 0 {
-		return hold
+	if len(sc.hits) > 0 {
+		s.scanHits(sc, data, prev, final)
 	}
+	if len(sc.regs) > 0 {
+		s.settle(sc)
+	}
+	if !flush {
+		return sc.hold, sc.hold
+	}
+	return sc.hold, max(sc.hold, sc.rel)
+}
+
+// scanHits evaluates the prefilter's candidate starts before sc.hold (in
+// flush mode: before sc.rel).
+func (s *Set) scanHits(sc *scratch, data []byte, prev int, final bool) {
+	n := len(data)
 	if cap(sc.lastEnd) < len(s.rules) {
 		sc.lastEnd = make([]int, len(s.rules))
 		sc.lastHit = make([]int, len(s.rules))
@@ -77,32 +118,28 @@ func (s *Set) scan(sc *scratch, data []byte, prev int, final bool) int {
 			continue // repeated candidate (hits are ascending)
 		}
 		last = i
-		if i >= hold {
+		if i >= sc.hold && (!sc.flush || i >= sc.rel) {
 			break
 		}
 		if i+4 <= n {
 			key := binary.LittleEndian.Uint32(data[i:i+4]) | fold4
 			for _, ai := range s.pf.m4.get(key) {
-				s.evalAnchor(sc, &s.anchors[ai], data, i, prev, final, &hold)
+				s.evalAnchor(sc, &s.anchors[ai], data, i, prev, final)
 			}
 		}
 		if i+3 <= n && len(s.pf.short) > 0 {
 			key := uint32(foldByte(data[i])) | uint32(foldByte(data[i+1]))<<8 | uint32(foldByte(data[i+2]))<<16
 			for _, sa := range s.pf.short {
 				if sa.key == key {
-					s.evalAnchor(sc, &s.anchors[sa.ai], data, i, prev, final, &hold)
+					s.evalAnchor(sc, &s.anchors[sa.ai], data, i, prev, final)
 				}
 			}
 		}
 	}
-	if len(sc.regs) == 0 {
-		return hold
-	}
-	return s.settle(sc, hold)
 }
 
 // evalAnchor verifies anchor a at data[i:] and evaluates what it triggers.
-func (s *Set) evalAnchor(sc *scratch, a *anchor, data []byte, i, prev int, final bool, hold *int) {
+func (s *Set) evalAnchor(sc *scratch, a *anchor, data []byte, i, prev int, final bool) {
 	t := data[i:]
 	m := min(len(a.lit), len(t))
 	if a.fold {
@@ -116,7 +153,11 @@ func (s *Set) evalAnchor(sc *scratch, a *anchor, data []byte, i, prev int, final
 	}
 	if m < len(a.lit) { // a proper prefix reaches the end of data
 		if !final {
-			*hold = min(*hold, i)
+			lim := i // a known value's prefix is never released
+			if a.lab == nil {
+				lim = len(data) // a keyword's prefix is harmless
+			}
+			sc.holdAt(i, lim)
 		}
 		return
 	}
@@ -126,7 +167,7 @@ func (s *Set) evalAnchor(sc *scratch, a *anchor, data []byte, i, prev int, final
 			var pending bool
 			end, pending = b64Extend(data, end, a.b64, final)
 			if pending {
-				*hold = min(*hold, i)
+				sc.holdAt(i, i)
 				return
 			}
 		}
@@ -142,12 +183,13 @@ func (s *Set) evalAnchor(sc *scratch, a *anchor, data []byte, i, prev int, final
 			continue // e.g. "tokenizer": no match can continue so
 		}
 		sc.lastHit[ri] = i
-		s.evalRule(sc, int(ri), data, i, prev, final, hold)
+		s.evalRule(sc, int(ri), data, i, len(a.lit), prev, final)
 	}
 }
 
-// evalRule runs rule ri anchored at keyword position i.
-func (s *Set) evalRule(sc *scratch, ri int, data []byte, i, prev int, final bool, hold *int) {
+// evalRule runs rule ri anchored at keyword position i (kw: the keyword's
+// length).
+func (s *Set) evalRule(sc *scratch, ri int, data []byte, i, kw, prev int, final bool) {
 	r := s.rules[ri]
 	pb := prev
 	if i > 0 {
@@ -175,7 +217,9 @@ func (s *Set) evalRule(sc *scratch, ri int, data []byte, i, prev int, final bool
 	if !complete && !final {
 		alive, matched := r.live.run(&sc.nfa, w, pb, false)
 		if alive {
-			*hold = min(*hold, i)
+			// The keyword itself is harmless; what follows it may be the
+			// secret.
+			sc.holdAt(i, i+kw)
 			return
 		}
 		if !matched {
@@ -251,11 +295,13 @@ func b64Extend(data []byte, end int, alpha byte, final bool) (int, bool) {
 	return end, false
 }
 
-// settle lowers hold so that it cuts through no match extent, keeps the
-// regions before it, sorts and merges overlapping ones. When regions
+// settle lowers sc.hold so that it cuts through no match extent, keeps
+// the regions before it, sorts and merges overlapping ones. When regions
 // overlap the earliest wins the label (on a tie known values, then rules
-// in file order).
-func (s *Set) settle(sc *scratch, hold int) int {
+// in file order). A dropped region (at or after hold) bounds sc.rel: Flush
+// releases nothing from a match start on.
+func (s *Set) settle(sc *scratch) {
+	hold := sc.hold
 	for changed := true; changed; {
 		changed = false
 		for _, r := range sc.regs {
@@ -265,10 +311,13 @@ func (s *Set) settle(sc *scratch, hold int) int {
 			}
 		}
 	}
+	sc.hold = hold
 	regs := sc.regs[:0]
 	for _, r := range sc.regs {
 		if r.mstart < hold {
 			regs = append(regs, r)
+		} else {
+			sc.rel = min(sc.rel, r.mstart)
 		}
 	}
 	// Insertion sort: regions arrive nearly sorted (by keyword position).
@@ -286,7 +335,6 @@ func (s *Set) settle(sc *scratch, hold int) int {
 		out = append(out, r)
 	}
 	sc.regs = out
-	return hold
 }
 
 func cmpRegion(a, b region) int {

@@ -332,20 +332,25 @@ func shellBackslash(v string) string {
 func (s *Set) Redact(b []byte) []byte {
 	sc := s.getScratch()
 	defer s.pool.Put(sc)
-	s.scan(sc, b, -1, true)
+	s.scan(sc, b, -1, true, false)
 	if len(sc.regs) == 0 {
 		return b
 	}
 	out := make([]byte, 0, len(b)+len(sc.regs)*16)
-	return appendRedacted(out, b, len(b), sc.regs, nil)
+	return appendRedacted(out, b, 0, len(b), sc.regs, nil)
 }
 
-// appendRedacted appends data[:end] with the regions replaced and counts
-// each region (in the shared counters and in local, if not nil).
-func appendRedacted(out, data []byte, end int, regs []region, local map[string]int64) []byte {
-	p := 0
+// appendRedacted appends data[from:end] with the regions replaced and
+// counts each region (in the shared counters and in local, if not nil).
+// data[:from] was written out already (a keyword prefix released by
+// Flush): a region starting there is replaced from from on.
+func appendRedacted(out, data []byte, from, end int, regs []region, local map[string]int64) []byte {
+	p := from
 	for _, r := range regs {
-		out = append(out, data[p:r.start]...)
+		if r.end <= from {
+			continue // cannot happen: Flush releases no secret bytes
+		}
+		out = append(out, data[p:max(r.start, from)]...)
 		out = append(out, r.lab.repl...)
 		r.lab.ctr.Add(1)
 		if local != nil {

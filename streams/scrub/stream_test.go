@@ -3,6 +3,7 @@ package scrub
 import (
 	"bytes"
 	"math/rand/v2"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -17,8 +18,17 @@ func TestSecretAtEndOfStream(t *testing.T) {
 			t.Fatalf("%q -> %q", in, whole)
 		}
 		for _, sizes := range [][]int{{1}, {2}, {len(in) - 1}, {len(in)}} {
-			if got := string(stream(t, s, []byte(in), sizes, true)); got != whole {
-				t.Fatalf("%q sizes %v: %q != %q", in, sizes, got, whole)
+			for _, flush := range []bool{false, true} {
+				got := stream(t, s, []byte(in), sizes, flush)
+				if !flush && string(got) != whole {
+					t.Fatalf("%q sizes %v: %q != %q", in, sizes, got, whole)
+				}
+				if err := flushEquivalent(s, []byte(in), got); err != nil {
+					t.Fatalf("%q sizes %v flush %v: %q: %v", in, sizes, flush, got, err)
+				}
+				if strings.Contains(string(got), "Zq9vX2pLmN4t") || strings.Contains(string(got), tok[4:]) || strings.Contains(string(got), "hunter22x") {
+					t.Fatalf("%q sizes %v flush %v: %q", in, sizes, flush, got)
+				}
 			}
 		}
 	}
@@ -91,20 +101,27 @@ func TestPassThrough(t *testing.T) {
 	}
 }
 
-// TestFlush: Flush releases ordinary text but never a prefix that could
-// still complete a secret.
+// TestFlush: Flush releases ordinary text and a held keyword prefix, but
+// never a byte past a keyword that a rule could still take as its secret,
+// nor a prefix of a known value.
 func TestFlush(t *testing.T) {
 	s := withValues(t, ruleSet(t), map[string]string{"v": "Zq9vX2pLmN4t"})
 	for _, tc := range []struct{ in, released string }{
 		{"hello world\n", "hello world\n"},
 		{"make: done.", "make: done."},
 		{"$ ls\r\n", "$ ls\r\n"},
-		{"token ghp_abc", "token "},
-		{"id AKI", "id "},
+		{"$ s", "$ s"},
+		{"token ghp_abc", "token ghp_"},
+		{"id AKI", "id AKI"},
+		{"id AKIA", "id AKIA"},
+		{"id AKIA12", "id AKIA"},
 		{"x Zq9vX2", "x "},
-		{"pw: passw", "pw: "},
-		{"password=hunter", "password=hunter"[:0]},
-		{"-----BEGIN RSA PRIVATE KEY-----\nMIIE", ""},
+		{"x Zq", "x "},
+		{"pw: passw", "pw: passw"},
+		{"password=hunter", "password"},
+		{"password: sk", "password"},
+		{"DATABASE_URL=postgres://app:pw", "DATABASE_URL=postgres://"},
+		{"-----BEGIN RSA PRIVATE KEY-----\nMIIE", "-----BEGIN"},
 		{"-----BEGIN CERTIFICATE-----\nMIIE\n", "-----BEGIN CERTIFICATE-----\nMIIE\n"},
 	} {
 		var out bytes.Buffer
@@ -165,5 +182,189 @@ func TestStreamEqualsWhole(t *testing.T) {
 		if got := stream(t, s, data, randomSizes(rnd, len(data)), false); !bytes.Equal(got, whole) {
 			t.Fatal("streamed output differs from whole-buffer output")
 		}
+	}
+}
+
+// TestFlushKeywordPrefixThenSecret: for every keyword of every rule and
+// every split point in it (the whole keyword too): Write(prefix), Flush,
+// Write(the rest of a positive sample starting with that keyword), Close.
+// Flush releases the keyword prefix at once (only rules are loaded), and
+// the secret part never shows: the secret group, or for group 0 the match
+// past the keyword prefix already written.
+func TestFlushKeywordPrefixThenSecret(t *testing.T) {
+	rules := loadRules(t)
+	s := ruleSet(t)
+	rnd := rand.New(rand.NewPCG(21, 22))
+	const pre = "x: "
+	for _, r := range rules {
+		re := regexp.MustCompile(r.Regex)
+		for _, kw := range r.Keywords {
+			sample, m := keywordSample(t, r, re, kw, rnd)
+			if sample == "" {
+				t.Errorf("%s: no positive sample works with keyword %q", r.ID, kw)
+				continue
+			}
+			secret := m[r.SecretGroup]
+			for k := 1; k <= len(kw); k++ {
+				var out bytes.Buffer
+				w := s.NewWriter(&out)
+				w.Write([]byte(pre + sample[:k]))
+				if err := w.Flush(); err != nil {
+					t.Fatal(err)
+				}
+				if got := out.String(); got != pre+sample[:k] {
+					t.Errorf("%s %q|%q: flushed %q, want %q", r.ID, sample[:k], sample[k:], got, pre+sample[:k])
+				}
+				w.Write([]byte(sample[k:] + "\n"))
+				if err := w.Close(); err != nil {
+					t.Fatal(err)
+				}
+				got := out.String()
+				leak := secret
+				if r.SecretGroup == 0 {
+					leak = secret[k:] // the match past the keyword prefix written out
+				}
+				if strings.Contains(got, leak) || !strings.Contains(got, "[REDACTED:") {
+					t.Errorf("%s %q|%q: output %q", r.ID, sample[:k], sample[k:], got)
+				}
+				in := []byte(pre + sample + "\n")
+				if err := flushEquivalent(s, in, out.Bytes()); err != nil {
+					t.Errorf("%s %q|%q: %v", r.ID, sample[:k], sample[k:], err)
+				}
+				if r.SecretGroup > 0 && got != string(s.Redact(in)) {
+					t.Errorf("%s %q|%q: %q != whole %q", r.ID, sample[:k], sample[k:], got, s.Redact(in))
+				}
+			}
+		}
+	}
+}
+
+// keywordSample returns a positive sample of r that starts with keyword kw
+// (the sample's own keyword replaced or overwritten by kw) and the rule's
+// submatches in it, or "" if none of r's templates gives one.
+func keywordSample(t *testing.T, r Rule, re *regexp.Regexp, kw string, rnd *rand.Rand) (string, []string) {
+	t.Helper()
+	for range 20 {
+		for _, tmpl := range r.Positive {
+			x, err := ExpandSample(tmpl, rnd)
+			if err != nil {
+				t.Fatal(err)
+			}
+			loc := re.FindStringIndex(x)
+			if loc == nil {
+				t.Fatalf("%s: positive %q does not match", r.ID, x)
+			}
+			match := x[loc[0]:loc[1]]
+			own := ""
+			for _, k := range r.Keywords {
+				if len(k) > len(own) && len(k) <= len(match) && strings.EqualFold(match[:len(k)], k) {
+					own = k
+				}
+			}
+			var cands []string
+			if own != "" {
+				cands = append(cands, kw+match[len(own):])
+			}
+			if len(kw) <= len(match) {
+				cands = append(cands, kw+match[len(kw):])
+			}
+			for _, c := range cands {
+				c += x[loc[1]:]
+				if m := re.FindStringSubmatchIndex(c); m != nil && m[0] == 0 && m[2*r.SecretGroup+1] > m[2*r.SecretGroup] {
+					sm := re.FindStringSubmatch(c)
+					if r.SecretGroup > 0 || len(sm[0]) > len(kw)+4 {
+						return c, sm
+					}
+				}
+			}
+		}
+	}
+	return "", nil
+}
+
+// TestFlushTypedLetter: with only rules loaded, every printable ASCII
+// character typed at a prompt shows at the next Flush (a keyword prefix is
+// released and kept as context).
+func TestFlushTypedLetter(t *testing.T) {
+	s := ruleSet(t)
+	for c := byte(0x20); c < 0x7f; c++ {
+		for _, pre := range []string{"", "$ ", "$ l"} {
+			var out bytes.Buffer
+			w := s.NewWriter(&out)
+			w.Write([]byte(pre))
+			w.Flush()
+			w.Write([]byte{c})
+			w.Flush()
+			if got, want := out.String(), pre+string(c); got != want {
+				t.Errorf("typed %q after %q: flushed %q", c, pre, got)
+			}
+			w.Close()
+			if got, want := out.String(), pre+string(c); got != want {
+				t.Errorf("typed %q after %q: closed %q", c, pre, got)
+			}
+		}
+	}
+	// Typing a keyword one byte at a time echoes each byte at once; the
+	// secret that follows is still redacted.
+	var out bytes.Buffer
+	w := s.NewWriter(&out)
+	for _, c := range []byte("$ echo sk-") {
+		w.Write([]byte{c})
+		w.Flush()
+	}
+	if out.String() != "$ echo sk-" {
+		t.Fatalf("echo: %q", out.String())
+	}
+	key := "abcdefghijklmnopqrstuvwxyz0123"
+	for i := range key {
+		w.Write([]byte{key[i]})
+		w.Flush()
+		if strings.Contains(out.String(), key[:1]) {
+			t.Fatalf("secret byte released: %q", out.String())
+		}
+	}
+	w.Write([]byte("\r\n"))
+	w.Close()
+	if out.String() != "$ echo sk-[REDACTED:openai-anthropic-key]\r\n" {
+		t.Fatalf("echo: %q", out.String())
+	}
+}
+
+// TestFlushHoldsValuePrefix: a prefix of a known value or of one of its
+// encodings stays held by Flush, however short, and the value is redacted
+// whole when the rest arrives.
+func TestFlushHoldsValuePrefix(t *testing.T) {
+	const v = "Zq9vX2pLmN4t"
+	s := withValues(t, ruleSet(t), map[string]string{"v": v})
+	for _, e := range encodings(v) {
+		for k := 1; k < len(e.s); k++ {
+			var out bytes.Buffer
+			w := s.NewWriter(&out)
+			w.Write([]byte("\n" + e.s[:k]))
+			w.Flush()
+			if out.String() != "\n" {
+				t.Errorf("%q|%q: flushed %q", e.s[:k], e.s[k:], out.String())
+			}
+			w.Write([]byte(e.s[k:] + "\n"))
+			w.Close()
+			if !strings.Contains(out.String(), "[REDACTED:v]") || strings.Contains(out.String(), e.s[:k]+"[") {
+				t.Errorf("%q|%q: output %q", e.s[:k], e.s[k:], out.String())
+			}
+		}
+	}
+	// A value that begins with a keyword: the keyword prefix is a value
+	// prefix too, so it stays held.
+	s = withValues(t, ruleSet(t), map[string]string{"gh": "ghp_Xy7Qk2LmN9pR4sT6vW8zA1bC3dE5fG7hJ0kM"})
+	var out bytes.Buffer
+	w := s.NewWriter(&out)
+	w.Write([]byte("$ gh"))
+	w.Flush()
+	if out.String() != "$ " {
+		t.Fatalf("value prefix released: %q", out.String())
+	}
+	w.Write([]byte("p_Xy7Qk2LmN9pR4sT6vW8zA1bC3dE5fG7hJ0kM\n"))
+	w.Close()
+	if out.String() != "$ [REDACTED:gh]\n" {
+		t.Fatalf("%q", out.String())
 	}
 }

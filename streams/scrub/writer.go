@@ -18,8 +18,9 @@ type Writer struct {
 	dst     io.Writer
 	sc      scratch
 	buf     []byte // held bytes: could still be (part of) a secret
+	emitted int    // buf[:emitted] was written out by Flush (a keyword prefix kept as context)
 	scanned int    // len(buf) after the last scan
-	prev    int    // last byte released from the input (-1 at start)
+	prev    int    // the input byte before buf[0] (-1 at start)
 	out     []byte
 	counts  map[string]int64
 	err     error
@@ -44,7 +45,7 @@ func (w *Writer) Write(p []byte) (int, error) {
 		return n, w.err
 	}
 	if len(w.buf) == 0 {
-		w.process(p, false, true)
+		w.process(p, false, true, false)
 		return len(p), w.err
 	}
 	if len(p) >= 2*joinLen && len(w.buf) < joinLen {
@@ -53,13 +54,13 @@ func (w *Writer) Write(p []byte) (int, error) {
 		// of it behind the held bytes (like a Write of p[:joinLen] and one of
 		// the rest, so the output is the same).
 		w.buf = append(w.buf, p[:joinLen]...)
-		w.process(w.buf, false, false)
+		w.process(w.buf, false, false, false)
 		if w.err != nil {
 			return len(p), w.err
 		}
 		if held := len(w.buf); held <= joinLen {
 			w.buf = w.buf[:0]
-			w.process(p[joinLen-held:], false, true)
+			w.process(p[joinLen-held:], false, true, false)
 			return len(p), w.err
 		}
 		p = p[joinLen:]
@@ -69,7 +70,7 @@ func (w *Writer) Write(p []byte) (int, error) {
 	// only after it grew by a quarter, so tiny writes cost O(1) per byte
 	// amortized instead of O(held). Flush and Close always decide.
 	if len(w.buf)-w.scanned >= w.scanned/4 {
-		w.process(w.buf, false, false)
+		w.process(w.buf, false, false, false)
 	}
 	return n, w.err
 }
@@ -77,16 +78,25 @@ func (w *Writer) Write(p []byte) (int, error) {
 // Flush writes out held bytes that can no longer begin a secret, for
 // interactive streams gone idle. Write releases eagerly, except that it
 // rescans a long held candidate only every quarter of growth, so Flush is
-// what releases such a candidate promptly once it has died. Bytes that
-// could still complete a secret (a prefix of a keyword or of a known value
-// or encoding, a keyword whose rule is still open) stay held until more
-// input or Close decides them.
+// what releases such a candidate promptly once it has died.
+//
+// Flush also writes out held bytes that are held only because they are a
+// prefix of (or equal to) a rule keyword ("s", "AKI", "sk-", "passw"): a
+// keyword is harmless. The Writer keeps them as context, so a rule still
+// matches when later input completes the keyword; the redaction then starts
+// at the first byte not yet written ("AK" flushed, then "IA" and 16 more
+// characters: "AK[REDACTED:aws-access-key-id]"). Bytes past a complete
+// keyword that a rule could still take as its secret (the "abc" of
+// "sk-abc", the "=hunter" of "password=hunter") stay held, and so does a
+// prefix of a known value or of one of its encodings, however short: with
+// known values registered a terminal may still hold its last byte or two
+// until more output or Close decides them.
 func (w *Writer) Flush() error {
 	if w.closed {
 		return ErrClosed
 	}
-	if w.err == nil && len(w.buf) > 0 {
-		w.process(w.buf, false, false)
+	if w.err == nil && len(w.buf) > w.emitted {
+		w.process(w.buf, false, false, true)
 	}
 	return w.err
 }
@@ -98,7 +108,7 @@ func (w *Writer) Close() error {
 		return w.err
 	}
 	if w.err == nil {
-		w.process(w.buf, true, false)
+		w.process(w.buf, true, false, false)
 	}
 	w.closed = true
 	w.buf = nil
@@ -116,22 +126,28 @@ func (w *Writer) Counts() map[string]int64 {
 }
 
 // process scans data and releases the decided prefix. fresh: data is the
-// caller's p, not w.buf.
-func (w *Writer) process(data []byte, final, fresh bool) {
-	hold := w.set.scan(&w.sc, data, w.prev, final)
-	if hold > 0 {
+// caller's p, not w.buf. flush: also write out a held keyword prefix (kept
+// in buf as context). data[:w.emitted] has been written out already.
+func (w *Writer) process(data []byte, final, fresh, flush bool) {
+	hold, rel := w.set.scan(&w.sc, data, w.prev, final, flush)
+	from := w.emitted
+	to := max(hold, from, rel)
+	if to > from {
 		var err error
 		if len(w.sc.regs) == 0 {
-			_, err = w.dst.Write(data[:hold])
+			_, err = w.dst.Write(data[from:to])
 		} else {
-			w.out = appendRedacted(w.out[:0], data, hold, w.sc.regs, w.counts)
+			w.out = appendRedacted(w.out[:0], data, from, to, w.sc.regs, w.counts)
 			_, err = w.dst.Write(w.out)
 		}
 		if err != nil {
 			w.err = err
 		}
+	}
+	if hold > 0 {
 		w.prev = int(data[hold-1])
 	}
+	w.emitted = to - hold
 	if fresh {
 		w.buf = append(w.buf[:0], data[hold:]...)
 	} else {
