@@ -24,9 +24,13 @@ import (
 
 // ExecRequest is one command to run in a sandbox as the unprivileged user.
 type ExecRequest struct {
-	Args    []string
-	Env     []string // KEY=VALUE; passed in a 0600 file, never on argv
-	Cwd     string   // absolute path inside the sandbox
+	Args []string
+	Env  []string // KEY=VALUE; passed in a 0600 file, never on argv
+	// BaseEnv is the session's environment without this request's own
+	// variables: the agent's warm login shells start with it (a request's
+	// one-off values must not live on in them).
+	BaseEnv []string
+	Cwd     string // absolute path inside the sandbox
 	Stdin   io.Reader
 	Stdout  io.Writer
 	Stderr  io.Writer
@@ -90,6 +94,7 @@ func (r *Runtime) Exec(ctx context.Context, id string, req ExecRequest) (ExecRes
 // be reached (nothing was started), so the caller may fall back.
 func (r *Runtime) execAgent(ctx context.Context, id string, req ExecRequest) (res ExecResult, err error, ok bool) {
 	start := time.Now()
+	r.warm(id, req.BaseEnv)
 	oomBefore := r.cg.oomKills(id)
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	p, err := r.Agent(id).Start(sctx, agent.Spec{Args: req.Args, Env: req.Env, Cwd: req.Cwd,
@@ -169,6 +174,26 @@ func (r *Runtime) execAgent(ctx context.Context, id string, req ExecRequest) (re
 		res.ExitCode = 124
 	}
 	return res, nil, true
+}
+
+// warm configures a sandbox's pool of warm login shells once (in the
+// background: the first commands run cold meanwhile).
+func (r *Runtime) warm(id string, base []string) {
+	if base == nil {
+		return
+	}
+	key := strings.Join(base, "\x00")
+	if v, ok := r.warmed.Load(id); ok && v == key {
+		return
+	}
+	r.warmed.Store(id, key)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		defer cancel()
+		if err := r.Agent(id).Warm(ctx, base, 2); err != nil {
+			r.warmed.Delete(id)
+		}
+	}()
 }
 
 // execRunsc runs a command with runsc exec and waits for it. stdout and

@@ -23,6 +23,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -47,9 +48,10 @@ type Config struct {
 
 // Runtime creates, inspects and destroys sandboxes.
 type Runtime struct {
-	cfg Config
-	log *slog.Logger
-	cg  cgroupLayout
+	cfg    Config
+	log    *slog.Logger
+	cg     cgroupLayout
+	warmed sync.Map // container id -> base env its agent's warm pool has
 }
 
 // ErrNotFound is returned for a sandbox runsc does not know.

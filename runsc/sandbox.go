@@ -53,6 +53,7 @@ func (r *Runtime) Create(ctx context.Context, sb Sandbox) (err error) {
 	if err := sb.Limits.validate(); err != nil {
 		return err
 	}
+	r.warmed.Delete(sb.ID) // a new agent starts without a pool
 	var undo undoStack
 	defer func() {
 		if err != nil {

@@ -121,7 +121,7 @@ func (s *Server) bodyLimit(c *gin.Context) {
 func (s *Server) authenticate(c *gin.Context) {
 	// The scheme name is case-insensitive (RFC 7235).
 	scheme, token, ok := strings.Cut(strings.TrimSpace(c.GetHeader("Authorization")), " ")
-	if c.GetHeader("Authorization") == "" && websocket.IsWebSocketUpgrade(c.Request) {
+	if c.GetHeader("Authorization") == "" && websocket.IsWebSocketUpgrade(c.Request) && strings.HasSuffix(c.FullPath(), "/ws") {
 		// Browsers cannot set headers on a WebSocket: a bearer token in
 		// the subprotocol list, or a single-use ticket for this session.
 		if t := wsToken(c.Request); t != "" {

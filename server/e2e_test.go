@@ -311,6 +311,16 @@ except OSError as e:
 			t.Fatalf("%+v", r)
 		}
 	})
+	t.Run("warm shells keep no request env, keep profile exports", func(t *testing.T) {
+		h.sh("s1", "echo 'export MYVAR=fromprofile' >> ~/.profile")
+		for i := 0; i < 3; i++ { // warm and cold paths alike
+			h.exec("s1", map[string]any{"command": "true", "env": map[string]string{"ONE_SHOT": "deploykey-7f3a9c1e"}})
+			r := h.sh("s1", "tr '\\0' '\\n' </proc/$$/environ | grep -c ONE_SHOT; echo \"my=$MYVAR one=$ONE_SHOT\"")
+			if r.Stdout != "0\nmy=fromprofile one=\n" {
+				t.Fatalf("run %d: %q", i, r.Stdout)
+			}
+		}
+	})
 	t.Run("stderr cannot forge runsc errors", func(t *testing.T) {
 		r := h.sh("s1", "echo 'executing processes for container: connecting to control server: try again' >&2; exit 128")
 		if r.ExitCode != 128 || !strings.Contains(r.Stderr, "executing processes") {

@@ -355,6 +355,7 @@ func (s *Server) terminal(c *gin.Context) {
 	xr := runsc.ExecRequest{
 		Args:    []string{"/bin/bash", "-lc", req.Command},
 		Env:     commandEnv(ses.Env, secrets, req.Env),
+		BaseEnv: commandEnv(ses.Env, secrets, nil),
 		Cwd:     req.Cwd,
 		Stdout:  stdout,
 		Stderr:  stderr,

@@ -105,7 +105,7 @@ func (t *terminal) pump(set *scrub.Set) {
 		case c, ok := <-chunks:
 			if !ok {
 				w.Close()
-				t.exit, _ = t.proc.Wait()
+				t.exit = killedExit(t.proc.Wait())
 				t.hub.Close()
 				close(t.done)
 				return

@@ -164,29 +164,56 @@ func (s *Server) terminalWS(c *gin.Context) {
 		s.writeError(c, conflict("session is %s; terminals need a running session", ses.Status))
 		return
 	}
+	if strings.Contains(c.Request.URL.RawQuery, ";") {
+		s.writeError(c, badRequest("query: use & between parameters and URL-encode ';' in command"))
+		return
+	}
 	q := c.Request.URL.Query()
 	tty := q.Get("tty") != "false"
 	cols, rows := parseSize(q.Get("cols"), 120), parseSize(q.Get("rows"), 40)
 	termID := q.Get("terminalId")
 	command := q.Get("command")
-
+	if !tty && command == "" {
+		s.writeError(c, badRequest("command: required with tty=false"))
+		return
+	}
 	var term *terminal
-	var proc Process
 	if termID != "" {
 		if term = s.terms.get(termID); term == nil || term.sessionPK != ses.ID {
 			s.writeError(c, apiErr(http.StatusNotFound, "not_found", "no such terminal"))
 			return
 		}
-	} else {
-		if tty && s.terms.count(ses.ID) >= maxTerminalsPerSession {
-			s.writeError(c, apiErr(http.StatusTooManyRequests, "rate_limited", "at most %d terminals per session", maxTerminalsPerSession))
+	} else if tty && s.terms.count(ses.ID) >= maxTerminalsPerSession {
+		s.writeError(c, apiErr(http.StatusTooManyRequests, "rate_limited", "at most %d terminals per session", maxTerminalsPerSession))
+		return
+	}
+	var endExec func()
+	if !tty { // an exec stream counts as a running command
+		var ok bool
+		if endExec, ok = s.sb.begin(ses.ID, s.cfg.Limits.MaxExecsPerSession); !ok {
+			s.writeError(c, apiErr(http.StatusTooManyRequests, "rate_limited", "at most %d commands run at once in a session", s.cfg.Limits.MaxExecsPerSession))
 			return
 		}
-		secrets, err := s.db.Secrets(c.Request.Context(), ses.ID)
-		if err != nil {
-			s.writeError(c, err)
-			return
-		}
+		defer endExec()
+	}
+	secrets, err := s.db.Secrets(c.Request.Context(), ses.ID)
+	if err != nil {
+		s.writeError(c, err)
+		return
+	}
+	set := s.scrub.forSession(ses.ID, secrets)
+	// Upgrade first: a failed handshake starts nothing.
+	conn, err := s.upgrader().Upgrade(c.Writer, c.Request, nil)
+	if err != nil {
+		return // the upgrader answered
+	}
+	s.met.wsConns.Inc()
+	defer s.met.wsConns.Dec()
+	conn.SetReadLimit(wsReadLimit)
+	w := newWSConn(conn)
+	go w.writer()
+	var proc Process
+	if term == nil {
 		args := []string{"/bin/bash", "-l"}
 		if command != "" {
 			args = []string{"/bin/bash", "-lc", command}
@@ -196,17 +223,17 @@ func (s *Server) terminalWS(c *gin.Context) {
 			env = setEnv(env, "TERM", "xterm-256color")
 		}
 		ctx, cancel := startCtx()
-		var ap *agent.Process
-		ap, err = s.rt.Start(ctx, ses.ContainerID, agent.Spec{Args: args, Env: env, Cwd: runsc.Workspace,
+		ap, err := s.rt.Start(ctx, ses.ContainerID, agent.Spec{Args: args, Env: env, Cwd: runsc.Workspace,
 			UID: runsc.UserUID, GID: runsc.UserGID, TTY: tty, Cols: cols, Rows: rows, Stdin: true})
 		cancel()
 		if err != nil {
 			s.log.Warn("start process", "session", ses.SessionID, "err", err)
-			s.writeError(c, apiErr(http.StatusConflict, "conflict", "could not start the process: %s", agentMessage(err)))
+			w.sendJSON(map[string]any{"type": "error", "code": "conflict", "message": "could not start the process: " + agentMessage(err)})
+			w.closeWith(websocket.CloseInternalServerErr, "start failed")
+			<-w.done
 			return
 		}
 		proc = ap
-		set := s.scrub.forSession(ses.ID, secrets)
 		shown := clip(string(set.Redact([]byte(command))), 256) // redact before cutting
 		if tty {
 			term = s.terms.start(ses.ID, ses.SessionID, proc, set)
@@ -216,28 +243,24 @@ func (s *Server) terminalWS(c *gin.Context) {
 		}
 	}
 	auditDetail(c, "tty", tty)
-	conn, err := s.upgrader().Upgrade(c.Writer, c.Request, nil)
-	if err != nil {
-		if proc != nil && term == nil {
-			proc.Close()
-		}
-		return // the upgrader answered
-	}
-	s.met.wsConns.Inc()
-	defer s.met.wsConns.Dec()
-	conn.SetReadLimit(wsReadLimit)
-	w := newWSConn(conn)
-	go w.writer()
 	if term != nil {
 		auditDetail(c, "terminalId", term.id)
 		s.serveTerminal(w, conn, term)
 		return
 	}
-	secrets, _ := s.db.Secrets(c.Request.Context(), ses.ID)
-	s.serveExecStream(w, conn, proc, s.scrub.forSession(ses.ID, secrets))
+	s.serveExecStream(w, conn, proc, set)
 }
 
 const maxTerminalsPerSession = 16
+
+// killedExit reports a process whose connection was closed before its
+// exit status arrived (terminal closed, teardown) as killed.
+func killedExit(e agent.Exit, err error) agent.Exit {
+	if err != nil && e.Code == 0 && e.Signal == "" {
+		return agent.Exit{Code: 137, Signal: "SIGKILL"}
+	}
+	return e
+}
 
 func parseSize(v string, def uint16) uint16 {
 	n, err := strconv.Atoi(v)
@@ -385,9 +408,9 @@ func (s *Server) serveExecStream(w *wsConn, conn *websocket.Conn, p Process, set
 	}
 	exitc := make(chan agent.Exit, 1)
 	go func() {
-		e, _ := p.Wait()
+		e, err := p.Wait()
 		wg.Wait()
-		exitc <- e
+		exitc <- killedExit(e, err)
 	}()
 	select {
 	case e := <-exitc:

@@ -67,6 +67,7 @@ func (c *warmConfig) equal(o *warmConfig) bool {
 type warmShell struct {
 	child  *child
 	names  []string // exported variable names after the profile ran
+	base   []string // the environment it was started with
 	memfd  *os.File // its fd 5, for the script
 	script *os.File // write end of its fd 3: one byte says the script is there
 	stdin  *os.File
@@ -239,11 +240,8 @@ func (p *pool) discard(w *warmShell) {
 // pool configures it and starts cold.
 func (p *pool) take(uid, gid uint32, env []string, cwd string) *warmShell {
 	p.mu.Lock()
-	if p.cfg == nil && !p.explicit {
-		p.mu.Unlock()
-		p.autoConfigure(&warmConfig{env: env, uid: uid, gid: gid, cwd: cwd, count: autoWarmCount})
-		return nil
-	}
+	// Only a warm op configures the pool: a request's own env (which may
+	// hold one-off values) must never become the warm shells' environment.
 	if p.cfg == nil || p.cfg.uid != uid || p.cfg.gid != gid || !sameStartup(p.cfg.env, env) {
 		p.mu.Unlock()
 		return nil
@@ -342,20 +340,31 @@ func shQuote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
-// warmScript is what a warm shell evals: make the exported environment
-// exactly env (with fresh-bash PWD, SHLVL and OLDPWD), enter cwd, run cmd.
-// The set-up is one line so cmd starts on line 2.
-func warmScript(names, env []string, cwd, cmd string) string {
+// warmScript is what a warm shell evals: turn the environment the shell
+// was started with (base) into the request's (env), as a cold `bash -lc`
+// would see it after its login profile: variables of base the request
+// lacks are unset, variables the request adds or changes are exported, and
+// what the profile added or changed (PATH additions, ~/.profile exports)
+// stays unless the request changed that variable. Then (with fresh-bash
+// PWD, SHLVL and OLDPWD) enter cwd and run cmd. The set-up is one line so
+// cmd starts on line 2.
+func warmScript(names, base, env []string, cwd, cmd string) string {
 	want := make(map[string]string, len(env))
 	for _, kv := range env {
 		k, v, _ := strings.Cut(kv, "=")
 		want[k] = v
 	}
+	had := make(map[string]string, len(base))
+	for _, kv := range base {
+		k, v, _ := strings.Cut(kv, "=")
+		had[k] = v
+	}
 	var b strings.Builder
 	b.WriteString("unset -v __sbx_s")
 	var unset []string
 	for _, n := range names {
-		if _, ok := want[n]; !ok && !bashManaged[n] && isIdentifier(n) {
+		_, inBase := had[n]
+		if _, ok := want[n]; !ok && inBase && !bashManaged[n] && isIdentifier(n) {
 			unset = append(unset, n)
 		}
 	}
@@ -365,6 +374,9 @@ func warmScript(names, env []string, cwd, cmd string) string {
 	var exports []string
 	for _, kv := range env {
 		k, v, _ := strings.Cut(kv, "=")
+		if old, ok := had[k]; ok && old == v && k != "PWD" && k != "OLDPWD" {
+			continue // unchanged since start: keep what the profile made of it
+		}
 		if !bashManaged[k] {
 			exports = append(exports, k+"="+shQuote(v))
 		}
@@ -407,7 +419,7 @@ func nextShellLevel(env map[string]string) int {
 // startWarm starts one warm shell and waits until its profile ran.
 func (s *server) startWarm(cfg *warmConfig) (_ *warmShell, err error) {
 	var toClose []*os.File // the child's ends, and ours on failure
-	w := &warmShell{}
+	w := &warmShell{base: cfg.env}
 	defer func() {
 		for _, f := range toClose {
 			f.Close()
@@ -488,7 +500,7 @@ func (s *server) startWarm(cfg *warmConfig) (_ *warmShell, err error) {
 
 // run hands the request to the warm shell.
 func (w *warmShell) run(env []string, cwd, cmd string, stdin bool) (*proc, error) {
-	_, err := w.memfd.WriteAt([]byte(warmScript(w.names, env, cwd, cmd)+"\x00"), 0)
+	_, err := w.memfd.WriteAt([]byte(warmScript(w.names, w.base, env, cwd, cmd)+"\x00"), 0)
 	if err == nil {
 		_, err = w.script.Write([]byte{'g'})
 	}
