@@ -29,6 +29,8 @@ run: build root-check
 test: build root-check image
 	$(GO) vet ./...
 	SANDBOXD_BIN=$(BIN) $(GO) test -count=1 -timeout 40m ./...
+	@# The scrubber's fuzz target, for a bounded time on every run.
+	$(GO) test -run '^$$' -fuzz FuzzScrub -fuzztime 45s -fuzzminimizetime 5s ./streams/scrub/
 
 test-unit:
 	$(GO) vet ./...
@@ -36,6 +38,7 @@ test-unit:
 
 bench: build root-check image
 	SANDBOXD_BIN=$(BIN) $(GO) test -count=1 -run '^$$' -bench . -benchtime 20x -timeout 30m ./server/
+	$(GO) test -count=1 -run '^$$' -bench Scrub -benchtime 2s ./streams/scrub/
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')

@@ -374,6 +374,14 @@ func (s *Server) terminal(c *gin.Context) {
 	end()
 	stdout.Close()
 	stderr.Close()
+	redactions := map[string]int64{}
+	for _, w := range []*scrub.Writer{stdout, stderr} {
+		for k, n := range w.Counts() {
+			if n > 0 {
+				redactions[k] += n
+			}
+		}
+	}
 	s.met.exec.Observe(res.Duration.Seconds())
 	if err != nil {
 		switch {
@@ -401,7 +409,8 @@ func (s *Server) terminal(c *gin.Context) {
 		}
 		s.noteDeadReason(ses, reason)
 	}
-	s.event(ses, "process_exit", map[string]any{"exitCode": res.ExitCode, "durationMs": res.Duration.Milliseconds(), "timedOut": res.TimedOut, "oom": res.OOM})
+	s.event(ses, "process_exit", map[string]any{"exitCode": res.ExitCode, "durationMs": res.Duration.Milliseconds(),
+		"timedOut": res.TimedOut, "oom": res.OOM, "redactions": redactions})
 	auditDetail(c, "exitCode", res.ExitCode)
 	auditDetail(c, "durationMs", res.Duration.Milliseconds())
 	c.JSON(http.StatusOK, execResponse{

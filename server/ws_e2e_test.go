@@ -281,7 +281,7 @@ func TestRealKernelLogAndEvents(t *testing.T) {
 		}
 	}
 	all := strings.Join(got, "\n")
-	for _, want := range []string{`"type":"kernel"`, "Unsupported syscall sys_442", `"kind":"started"`, `"kind":"process_start"`, `"kind":"process_exit"`, "[REDACTED:TOPSECRET]"} {
+	for _, want := range []string{`"type":"kernel"`, "Unsupported syscall sys_442", `"kind":"started"`, `"kind":"process_start"`, `"kind":"process_exit"`, "[REDACTED:TOPSECRET]", `"redactions":{"value:TOPSECRET":1}`} {
 		if !strings.Contains(all, want) {
 			t.Errorf("log stream lacks %q:\n%s", want, all)
 		}
