@@ -231,16 +231,8 @@ func (s *Server) getLogs(c *gin.Context) {
 
 // logsWS: GET /v1/sandbox/:sessionId/logs/ws — history, then live entries.
 func (s *Server) logsWS(c *gin.Context) {
-	ses, ok := s.sessionFor(c)
+	ses, ok := s.wsSession(c)
 	if !ok {
-		return
-	}
-	if !websocket.IsWebSocketUpgrade(c.Request) {
-		s.writeError(c, badRequest("this endpoint needs a WebSocket upgrade"))
-		return
-	}
-	if !s.originAllowed(c.Request) {
-		s.writeError(c, forbiddenMsg("cross-origin WebSocket refused"))
 		return
 	}
 	conn, err := s.upgrader().Upgrade(c.Writer, c.Request, nil)

@@ -146,18 +146,28 @@ func (w *wsConn) closeWith(code int, reason string) {
 	w.send(websocket.CloseMessage, websocket.FormatCloseMessage(code, reason))
 }
 
-// terminalWS: GET /v1/sandbox/terminal/:sessionId/ws.
-func (s *Server) terminalWS(c *gin.Context) {
+// wsSession checks a WebSocket request (the session, an upgrade, the
+// Origin) before anything is started.
+func (s *Server) wsSession(c *gin.Context) (*store.Session, bool) {
 	ses, ok := s.sessionFor(c)
 	if !ok {
-		return
+		return nil, false
 	}
 	if !websocket.IsWebSocketUpgrade(c.Request) {
 		s.writeError(c, badRequest("this endpoint needs a WebSocket upgrade"))
-		return
+		return nil, false
 	}
 	if !s.originAllowed(c.Request) {
 		s.writeError(c, forbiddenMsg("cross-origin WebSocket refused"))
+		return nil, false
+	}
+	return ses, true
+}
+
+// terminalWS: GET /v1/sandbox/terminal/:sessionId/ws.
+func (s *Server) terminalWS(c *gin.Context) {
+	ses, ok := s.wsSession(c)
+	if !ok {
 		return
 	}
 	if ses.Status != store.StatusRunning {

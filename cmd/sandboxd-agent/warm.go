@@ -25,9 +25,8 @@ const bootstrap = `compgen -e >&4 && echo '#ok' >&4; exec 4>&-; ` +
 	`read -r -n 1 -u 3 __sbx_s || exit 0; mapfile -t -d '' -u 5 __sbx_s; exec 3<&- 5<&-; eval "${__sbx_s[0]}"`
 
 const (
-	autoWarmCount = 2 // pool size when the first start request configures it
-	maxWarmFails  = 3 // consecutive failed warm starts before giving up
-	warmTimeout   = 10 * time.Second
+	maxWarmFails = 3 // consecutive failed warm starts before giving up
+	warmTimeout  = 10 * time.Second
 )
 
 // bashManaged are variables a fresh bash sets itself; the warm script
@@ -236,8 +235,7 @@ func (p *pool) discard(w *warmShell) {
 }
 
 // take hands out a ready warm shell for a request that is eligible (see
-// warmEnv) or returns nil. The first eligible request of an unconfigured
-// pool configures it and starts cold.
+// warmEnv) or returns nil (an unconfigured pool: cold start).
 func (p *pool) take(uid, gid uint32, env []string, cwd string) *warmShell {
 	p.mu.Lock()
 	// Only a warm op configures the pool: a request's own env (which may
@@ -265,18 +263,6 @@ func (p *pool) take(uid, gid uint32, env []string, cwd string) *warmShell {
 	}
 	p.fill()
 	return w
-}
-
-func (p *pool) autoConfigure(cfg *warmConfig) {
-	p.mu.Lock()
-	if p.cfg != nil || p.explicit {
-		p.mu.Unlock()
-		return
-	}
-	p.cfg = cfg
-	p.gen++
-	p.mu.Unlock()
-	p.fill()
 }
 
 func sameStartup(base, req []string) bool {

@@ -42,8 +42,8 @@
 // "/") and answers 'x' {"exitCode":0} once count shells are ready (or 'E'
 // if they fail to start; at most about 10 s). Repeating the current
 // configuration keeps the pool and only waits for it to be full. Until a
-// warm op is received, the first eligible start request configures the pool
-// with its own env, uid, gid and cwd and a count of 2.
+// warm op is received every start is cold: a request's own environment
+// (which may hold one-off values) never configures the pool.
 //
 // stats (debug): answers 'x' {"exitCode":0,"goroutines":N,"fds":N,"warm":N}.
 //
