@@ -294,3 +294,47 @@ func TestRealKernelLogAndEvents(t *testing.T) {
 		t.Fatalf("GET logs: %d %s", code, b)
 	}
 }
+
+// Terminals are listed, killed by id, and closed after the idle time
+// without viewers.
+func TestRealTerminalListKillIdle(t *testing.T) {
+	cfg := realConfig(t)
+	cfg.Limits.TerminalIdleSeconds = 1
+	h := startServer(t, cfg)
+	h.provision("tl", "test-tiny")
+	list := func() []terminalJSON {
+		code, b := h.call(h.token, "GET", "/v1/sandbox/tl/terminals", nil)
+		if code != 200 {
+			t.Fatal(code)
+		}
+		var out struct{ Terminals []terminalJSON }
+		json.Unmarshal(b, &out)
+		return out.Terminals
+	}
+	a := h.terminalWS(t, "tl", "")
+	a.readUntil("$ ", 10*time.Second)
+	if l := list(); len(l) != 1 || l[0].TerminalID != a.id || l[0].Viewers != 1 || !l[0].Running {
+		t.Fatalf("list: %+v", l)
+	}
+	if code, _ := h.call(h.token, "DELETE", "/v1/sandbox/tl/terminals/"+a.id, nil); code != 204 {
+		t.Fatalf("kill: %d", code)
+	}
+	a.readUntil("\x00never", 5*time.Second)
+	if a.exit == nil || *a.exit != 137 {
+		t.Fatalf("killed terminal exit: %v", a.exit)
+	}
+	if l := list(); len(l) != 0 {
+		t.Fatalf("after kill: %+v", l)
+	}
+	// Idle: a terminal nobody watches is closed after terminalIdleSeconds.
+	b := h.terminalWS(t, "tl", "")
+	b.readUntil("$ ", 10*time.Second)
+	b.c.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for len(list()) > 0 && time.Now().Before(deadline) {
+		time.Sleep(200 * time.Millisecond)
+	}
+	if l := list(); len(l) != 0 {
+		t.Fatalf("idle terminal kept: %+v", l)
+	}
+}
