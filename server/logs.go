@@ -104,8 +104,12 @@ func (s *Server) addLog(ses *store.Session, e logEntry) {
 	if err != nil {
 		return
 	}
-	secrets, _ := s.db.Secrets(context.Background(), ses.ID)
-	b = s.scrub.forSession(ses.ID, secrets).Redact(b)
+	set, ok := s.scrub.cached(ses.ID)
+	if !ok { // first use (or a session without secrets): read them once
+		secrets, _ := s.db.Secrets(context.Background(), ses.ID)
+		set = s.scrub.forSession(ses.ID, secrets)
+	}
+	b = set.Redact(b)
 	s.logs.get(ses.ID).add(b)
 }
 

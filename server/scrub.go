@@ -38,21 +38,29 @@ type scrubbers struct {
 }
 
 func (s *scrubbers) forSession(pk string, secrets map[string]string) *scrub.Set {
-	if len(secrets) == 0 {
-		return s.base
-	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if set, ok := s.m[pk]; ok {
 		return set
 	}
-	// Values were validated at provision; WithValues keeps every valid one.
-	set, _ := s.base.WithValues(secrets)
+	set := s.base
+	if len(secrets) > 0 {
+		// Values were validated at provision; WithValues keeps every valid one.
+		set, _ = s.base.WithValues(secrets)
+	}
 	if s.m == nil {
 		s.m = map[string]*scrub.Set{}
 	}
 	s.m[pk] = set
 	return set
+}
+
+// cached returns a session's compiled scrubber if one was built.
+func (s *scrubbers) cached(pk string) (*scrub.Set, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	set, ok := s.m[pk]
+	return set, ok
 }
 
 func (s *scrubbers) forget(pk string) {
