@@ -287,8 +287,22 @@ func pump(c *conn, f *os.File, typ byte) {
 		agent.PutHeader(buf[:5+n], typ)
 		c.writeRaw(buf[:5+n])
 	}
+	rc, rcErr := f.SyscallConn()
 	for {
 		n, err := f.Read(buf[5:])
+		// Take whatever else is already buffered (without waiting), so a
+		// stream of small writes becomes fewer, larger frames.
+		for n > 0 && err == nil && rcErr == nil && 5+n < len(buf) {
+			m := 0
+			rc.Read(func(fd uintptr) bool {
+				m, _ = unix.Read(int(fd), buf[5+n:])
+				return true
+			})
+			if m <= 0 {
+				break
+			}
+			n += m
+		}
 		if n > 0 {
 			send(n)
 		}
