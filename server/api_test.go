@@ -122,6 +122,11 @@ func (f *fakeRuntime) KillAll(ctx context.Context, id string) error {
 
 func (f *fakeRuntime) CleanExecFiles() {}
 
+func (f *fakeRuntime) StartDirect(ctx context.Context, id string, s agent.Spec) (*runsc.DirectProcess, error) {
+	f.record("startdirect " + id)
+	return nil, errors.New("no runsc in the fake runtime")
+}
+
 func (f *fakeRuntime) Start(ctx context.Context, id string, s agent.Spec) (*agent.Process, error) {
 	f.record("start " + id)
 	return nil, &agent.AgentError{Message: "no agent in the fake runtime"}

@@ -42,6 +42,7 @@ type Runtime interface {
 	KillAll(ctx context.Context, id string) error
 	CleanExecFiles()
 	Start(ctx context.Context, id string, s agent.Spec) (*agent.Process, error)
+	StartDirect(ctx context.Context, id string, s agent.Spec) (*runsc.DirectProcess, error)
 }
 
 // Server is one sandboxd instance.

@@ -233,8 +233,16 @@ func (s *Server) terminalWS(c *gin.Context) {
 			env = setEnv(env, "TERM", "xterm-256color")
 		}
 		ctx, cancel := startCtx()
-		ap, err := s.rt.Start(ctx, ses.ContainerID, agent.Spec{Args: args, Env: env, Cwd: runsc.Workspace,
-			UID: runsc.UserUID, GID: runsc.UserGID, TTY: tty, Cols: cols, Rows: rows, Stdin: true})
+		spec := agent.Spec{Args: args, Env: env, Cwd: runsc.Workspace,
+			UID: runsc.UserUID, GID: runsc.UserGID, TTY: tty, Cols: cols, Rows: rows, Stdin: true}
+		var err error
+		if tty {
+			proc, err = startAgent(s.rt.Start(ctx, ses.ContainerID, spec))
+		} else {
+			// Bulk output streams faster through runsc exec's host pipes
+			// than through the agent's socket.
+			proc, err = startDirect(s.rt.StartDirect(ctx, ses.ContainerID, spec))
+		}
 		cancel()
 		if err != nil {
 			s.log.Warn("start process", "session", ses.SessionID, "err", err)
@@ -243,7 +251,6 @@ func (s *Server) terminalWS(c *gin.Context) {
 			<-w.done
 			return
 		}
-		proc = ap
 		shown := clip(string(set.Redact([]byte(command))), 256) // redact before cutting
 		if tty {
 			term = s.terms.start(ses.ID, ses.SessionID, proc, set)
@@ -262,6 +269,22 @@ func (s *Server) terminalWS(c *gin.Context) {
 }
 
 const maxTerminalsPerSession = 16
+
+// startAgent and startDirect keep a nil pointer from becoming a non-nil
+// Process.
+func startAgent(p *agent.Process, err error) (Process, error) {
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+func startDirect(p *runsc.DirectProcess, err error) (Process, error) {
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
+}
 
 // killedExit reports a process whose connection was closed before its
 // exit status arrived (terminal closed, teardown) as killed.

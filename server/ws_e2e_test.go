@@ -338,3 +338,29 @@ func TestRealTerminalListKillIdle(t *testing.T) {
 		t.Fatalf("idle terminal kept: %+v", l)
 	}
 }
+
+// An exec stream whose client goes away has its process group killed.
+func TestRealExecStreamClientGone(t *testing.T) {
+	h := startServer(t, realConfig(t))
+	h.provision("gone", "test-tiny")
+	hdr := http.Header{"Authorization": {"Bearer " + h.token}}
+	c, _, err := h.dialWS("/v1/sandbox/terminal/gone/ws?tty=false&command=sleep%20321%20%26%20sleep%20322", hdr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.ReadMessage() // ready
+	time.Sleep(500 * time.Millisecond)
+	count := "ps -eo args= | grep -c '^sleep 32[12]$' || true"
+	if r := h.sh("gone", count); strings.TrimSpace(r.Stdout) != "2" {
+		t.Fatalf("not running: %q", r.Stdout)
+	}
+	c.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if r := h.sh("gone", count); strings.TrimSpace(r.Stdout) == "0" {
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatal("stream's processes survived the client")
+}

@@ -1,0 +1,196 @@
+package runsc
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"sandboxd/runsc/agent"
+)
+
+// DirectProcess is a non-PTY process started with `runsc exec`: the
+// sandbox writes its stdout and stderr straight into host pipes read here,
+// which streams bulk output several times faster than the agent's socket
+// (measured: ~50 MB/s through the agent, 90-260 MB/s direct). It costs a
+// runsc exec at start (tens of ms), so it is for streams, not for short
+// commands.
+type DirectProcess struct {
+	r       *Runtime
+	id      string
+	cmd     *exec.Cmd
+	stdin   *os.File
+	stdout  *os.File
+	stderr  *os.File
+	pidFile string
+	done    chan struct{}
+	exit    agent.Exit
+	err     error
+	once    sync.Once
+}
+
+// StartDirect starts s (TTY must be false) with runsc exec.
+func (r *Runtime) StartDirect(ctx context.Context, id string, s agent.Spec) (*DirectProcess, error) {
+	if s.TTY {
+		return nil, errors.New("direct processes have no PTY")
+	}
+	xdir := filepath.Join(r.dir(id), "exec")
+	if err := os.MkdirAll(xdir, 0o700); err != nil {
+		return nil, err
+	}
+	base := filepath.Join(xdir, "direct-"+strconv.FormatInt(time.Now().UnixNano(), 36))
+	b, err := json.Marshal(UserProcess(s.Args, s.Env, s.Cwd))
+	if err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(base+".json", b, 0o600); err != nil {
+		return nil, err
+	}
+	p := &DirectProcess{r: r, id: id, pidFile: base + ".pid", done: make(chan struct{})}
+	inR, inW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		inR.Close()
+		inW.Close()
+		return nil, err
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		inR.Close()
+		inW.Close()
+		outR.Close()
+		outW.Close()
+		return nil, err
+	}
+	p.cmd = exec.Command(r.cfg.Binary, append(r.globalArgs(), "exec", "--process", base+".json", "--internal-pid-file", p.pidFile, id)...)
+	p.cmd.Stdin, p.cmd.Stdout, p.cmd.Stderr = inR, outW, errW
+	err = p.cmd.Start()
+	inR.Close()
+	outW.Close()
+	errW.Close()
+	if err != nil {
+		inW.Close()
+		outR.Close()
+		errR.Close()
+		os.Remove(base + ".json")
+		return nil, fmt.Errorf("runsc exec: %w", err)
+	}
+	p.stdin, p.stdout, p.stderr = inW, outR, errR
+	if !s.Stdin {
+		inW.Close()
+		p.stdin = nil
+	}
+	go func() {
+		defer close(p.done)
+		err := p.cmd.Wait()
+		os.Remove(base + ".json")
+		os.Remove(p.pidFile)
+		code := exitCode(err)
+		if code < 0 {
+			p.err = err
+			return
+		}
+		p.exit = agent.Exit{Code: code}
+		if code == 128+9 {
+			p.exit.Signal = "SIGKILL"
+		}
+		// Background children may hold the pipes open: stop reading
+		// shortly after the command ended (like the agent's drain).
+		time.AfterFunc(250*time.Millisecond, func() {
+			p.stdout.Close()
+			p.stderr.Close()
+		})
+	}()
+	return p, nil
+}
+
+func (p *DirectProcess) Stdin() io.WriteCloser {
+	if p.stdin == nil {
+		return nil
+	}
+	return p.stdin
+}
+func (p *DirectProcess) Stdout() io.Reader { return eofOnClose{p.stdout} }
+func (p *DirectProcess) Stderr() io.Reader { return eofOnClose{p.stderr} }
+
+// Resize is not supported without a PTY.
+func (p *DirectProcess) Resize(cols, rows uint16) error { return errors.New("no PTY") }
+
+// Signal sends a signal to the process group (runsc kill --pgid).
+func (p *DirectProcess) Signal(name string, group bool) error {
+	pid := p.pid()
+	if pid <= 0 {
+		return errors.New("process not started")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err := p.r.run(ctx, "kill", "--pgid", strconv.Itoa(pid), p.id, strings.TrimPrefix(name, "SIG"))
+	return err
+}
+
+func (p *DirectProcess) pid() int {
+	for i := 0; i < 50; i++ {
+		if b, err := os.ReadFile(p.pidFile); err == nil {
+			if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+				return n
+			}
+		}
+		select {
+		case <-p.done:
+			return 0
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	return 0
+}
+
+// Wait waits for the process (not for its output to be read).
+func (p *DirectProcess) Wait() (agent.Exit, error) {
+	<-p.done
+	return p.exit, p.err
+}
+
+// Close kills the process group if it still runs and releases the pipes.
+func (p *DirectProcess) Close() error {
+	p.once.Do(func() {
+		select {
+		case <-p.done:
+		default:
+			p.Signal("SIGKILL", true)
+			select {
+			case <-p.done:
+			case <-time.After(5 * time.Second):
+				p.cmd.Process.Kill()
+				<-p.done
+			}
+		}
+		if p.stdin != nil {
+			p.stdin.Close()
+		}
+		p.stdout.Close()
+		p.stderr.Close()
+	})
+	return nil
+}
+
+// eofOnClose turns reads from a pipe closed under the reader into EOF.
+type eofOnClose struct{ f *os.File }
+
+func (e eofOnClose) Read(b []byte) (int, error) {
+	n, err := e.f.Read(b)
+	if err != nil && errors.Is(err, os.ErrClosed) {
+		return n, io.EOF
+	}
+	return n, err
+}
