@@ -364,3 +364,33 @@ func TestRealExecStreamClientGone(t *testing.T) {
 	}
 	t.Fatal("stream's processes survived the client")
 }
+
+// Full-screen programs in a terminal: top draws and quits on a key, the
+// Python REPL evaluates.
+func TestRealFullScreenPrograms(t *testing.T) {
+	h := startServer(t, realConfig(t))
+	h.provision("fs", "test-tiny")
+	w := h.terminalWS(t, "fs", "cols=100&rows=30")
+	if !w.readUntil("$ ", 10*time.Second) {
+		t.Fatal("no prompt")
+	}
+	w.send("top\n")
+	if !w.readUntil("load average", 10*time.Second) {
+		t.Fatalf("top: %q", w.out.String())
+	}
+	w.send("q")
+	time.Sleep(time.Second) // top reads keys until it has quit
+	w.send("python3\n")
+	if !w.readUntil(">>> ", 10*time.Second) {
+		t.Fatalf("python: %q", w.out.String())
+	}
+	w.send("6 * 7\n")
+	if !w.readUntil("42", 10*time.Second) {
+		t.Fatalf("python eval: %q", w.out.String())
+	}
+	w.send("exit()\n")
+	w.send("echo back-$((2*21))\n")
+	if !w.readUntil("back-42", 10*time.Second) {
+		t.Fatalf("after python: %q", w.out.String())
+	}
+}
