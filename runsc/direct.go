@@ -2,15 +2,11 @@ package runsc
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -42,27 +38,21 @@ func (r *Runtime) StartDirect(ctx context.Context, id string, s agent.Spec) (*Di
 	if s.TTY {
 		return nil, errors.New("direct processes have no PTY")
 	}
-	xdir := filepath.Join(r.dir(id), "exec")
-	if err := os.MkdirAll(xdir, 0o700); err != nil {
-		return nil, err
-	}
-	base := filepath.Join(xdir, "direct-"+strconv.FormatInt(time.Now().UnixNano(), 36))
-	b, err := json.Marshal(UserProcess(s.Args, s.Env, s.Cwd))
+	procFile, pidFile, err := r.processFile(id, UserProcess(s.Args, s.Env, s.Cwd))
 	if err != nil {
 		return nil, err
 	}
-	if err := os.WriteFile(base+".json", b, 0o600); err != nil {
-		return nil, err
-	}
-	p := &DirectProcess{r: r, id: id, pidFile: base + ".pid", done: make(chan struct{})}
+	p := &DirectProcess{r: r, id: id, pidFile: pidFile, done: make(chan struct{})}
 	inR, inW, err := os.Pipe()
 	if err != nil {
+		os.Remove(procFile)
 		return nil, err
 	}
 	outR, outW, err := os.Pipe()
 	if err != nil {
 		inR.Close()
 		inW.Close()
+		os.Remove(procFile)
 		return nil, err
 	}
 	errR, errW, err := os.Pipe()
@@ -71,9 +61,10 @@ func (r *Runtime) StartDirect(ctx context.Context, id string, s agent.Spec) (*Di
 		inW.Close()
 		outR.Close()
 		outW.Close()
+		os.Remove(procFile)
 		return nil, err
 	}
-	p.cmd = exec.Command(r.cfg.Binary, append(r.globalArgs(), "exec", "--process", base+".json", "--internal-pid-file", p.pidFile, id)...)
+	p.cmd = exec.Command(r.cfg.Binary, append(r.globalArgs(), "exec", "--process", procFile, "--internal-pid-file", pidFile, id)...)
 	p.cmd.Stdin, p.cmd.Stdout, p.cmd.Stderr = inR, outW, errW
 	err = p.cmd.Start()
 	inR.Close()
@@ -83,7 +74,7 @@ func (r *Runtime) StartDirect(ctx context.Context, id string, s agent.Spec) (*Di
 		inW.Close()
 		outR.Close()
 		errR.Close()
-		os.Remove(base + ".json")
+		os.Remove(procFile)
 		return nil, fmt.Errorf("runsc exec: %w", err)
 	}
 	p.stdin, p.stdout, p.stderr = inW, outR, errR
@@ -94,8 +85,8 @@ func (r *Runtime) StartDirect(ctx context.Context, id string, s agent.Spec) (*Di
 	go func() {
 		defer close(p.done)
 		err := p.cmd.Wait()
-		os.Remove(base + ".json")
-		os.Remove(p.pidFile)
+		os.Remove(procFile)
+		os.Remove(pidFile)
 		code := exitCode(err)
 		if code < 0 {
 			p.err = err
@@ -129,30 +120,7 @@ func (p *DirectProcess) Resize(cols, rows uint16) error { return errors.New("no 
 
 // Signal sends a signal to the process group (runsc kill --pgid).
 func (p *DirectProcess) Signal(name string, group bool) error {
-	pid := p.pid()
-	if pid <= 0 {
-		return errors.New("process not started")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	_, err := p.r.run(ctx, "kill", "--pgid", strconv.Itoa(pid), p.id, strings.TrimPrefix(name, "SIG"))
-	return err
-}
-
-func (p *DirectProcess) pid() int {
-	for i := 0; i < 50; i++ {
-		if b, err := os.ReadFile(p.pidFile); err == nil {
-			if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
-				return n
-			}
-		}
-		select {
-		case <-p.done:
-			return 0
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
-	return 0
+	return p.r.signalGroup(p.id, p.pidFile, name, p.done)
 }
 
 // Wait waits for the process (not for its output to be read).

@@ -201,23 +201,12 @@ func (r *Runtime) warm(id string, base []string) {
 func (r *Runtime) execRunsc(ctx context.Context, id string, req ExecRequest) (ExecResult, error) {
 	start := time.Now()
 	oomBefore := r.cg.oomKills(id)
-	xdir := filepath.Join(r.dir(id), "exec")
-	if err := os.MkdirAll(xdir, 0o700); err != nil {
-		return ExecResult{}, err
-	}
-	var rnd [8]byte
-	rand.Read(rnd[:])
-	base := filepath.Join(xdir, hex.EncodeToString(rnd[:]))
-	procFile, pidFile := base+".json", base+".pid"
-	defer os.Remove(procFile)
-	defer os.Remove(pidFile)
-	b, err := json.Marshal(UserProcess(req.Args, req.Env, req.Cwd))
+	procFile, pidFile, err := r.processFile(id, UserProcess(req.Args, req.Env, req.Cwd))
 	if err != nil {
 		return ExecResult{}, err
 	}
-	if err := os.WriteFile(procFile, b, 0o600); err != nil {
-		return ExecResult{}, err
-	}
+	defer os.Remove(procFile)
+	defer os.Remove(pidFile)
 
 	args := append(r.globalArgs(), "exec", "--process", procFile, "--internal-pid-file", pidFile, id)
 	cmd := exec.Command(r.cfg.Binary, args...)
@@ -312,16 +301,8 @@ func (r *Runtime) killAllExec(ctx context.Context, id string) error {
 		},
 		NoNewPrivileges: true,
 	}
-	b, err := json.Marshal(p)
+	f, _, err := r.processFile(id, p)
 	if err != nil {
-		return err
-	}
-	xdir := filepath.Join(r.dir(id), "exec")
-	if err := os.MkdirAll(xdir, 0o700); err != nil {
-		return err
-	}
-	f := filepath.Join(xdir, "killall.json")
-	if err := os.WriteFile(f, b, 0o600); err != nil {
 		return err
 	}
 	defer os.Remove(f)
@@ -365,25 +346,58 @@ func (r *Runtime) alive(id string) bool {
 	return err == nil && st.Status == StatusRunning
 }
 
-// killGroup kills the command's whole process group inside the sandbox
-// (runsc exec makes each command a session and group leader).
-func (r *Runtime) killGroup(id, pidFile string) {
-	var pid int
-	for i := 0; i < 50; i++ { // the pid file appears once the process started
+// processFile writes an OCI process for `runsc exec --process` as a 0600
+// file in the sandbox's exec dir (its env may hold secrets: never argv),
+// and names the pid file to go with it. The caller removes both.
+func (r *Runtime) processFile(id string, p *specs.Process) (procFile, pidFile string, err error) {
+	xdir := filepath.Join(r.dir(id), "exec")
+	if err := os.MkdirAll(xdir, 0o700); err != nil {
+		return "", "", err
+	}
+	b, err := json.Marshal(p)
+	if err != nil {
+		return "", "", err
+	}
+	var rnd [8]byte
+	rand.Read(rnd[:])
+	base := filepath.Join(xdir, hex.EncodeToString(rnd[:]))
+	if err := os.WriteFile(base+".json", b, 0o600); err != nil {
+		return "", "", err
+	}
+	return base + ".json", base + ".pid", nil
+}
+
+// signalGroup sends sig to the process group of an exec'd process (runsc
+// exec makes each one a session and group leader). Its pid is read from
+// pidFile, which appears once the process started; done (may be nil) ends
+// the wait early.
+func (r *Runtime) signalGroup(id, pidFile, sig string, done <-chan struct{}) error {
+	pid := 0
+	for i := 0; i < 50 && pid == 0; i++ {
 		if b, err := os.ReadFile(pidFile); err == nil {
 			if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && n > 0 {
 				pid = n
 				break
 			}
 		}
-		time.Sleep(10 * time.Millisecond)
+		select {
+		case <-done:
+			return errors.New("process ended")
+		case <-time.After(10 * time.Millisecond):
+		}
 	}
 	if pid == 0 {
-		return
+		return errors.New("process not started")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := r.run(ctx, "kill", "--pgid", strconv.Itoa(pid), id, "KILL"); err != nil {
+	_, err := r.run(ctx, "kill", "--pgid", strconv.Itoa(pid), id, strings.TrimPrefix(sig, "SIG"))
+	return err
+}
+
+// killGroup kills a timed-out command's whole process group.
+func (r *Runtime) killGroup(id, pidFile string) {
+	if err := r.signalGroup(id, pidFile, "KILL", nil); err != nil {
 		r.log.Warn("kill process group", "id", id, "err", err)
 	}
 }
