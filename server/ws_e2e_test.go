@@ -393,4 +393,22 @@ func TestRealFullScreenPrograms(t *testing.T) {
 	if !w.readUntil("back-42", 10*time.Second) {
 		t.Fatalf("after python: %q", w.out.String())
 	}
+	w.out.Reset()
+	w.send("vi /tmp/v.txt\n")
+	if !w.readUntil("/tmp/v.txt", 10*time.Second) {
+		t.Fatalf("vi did not draw: %q", w.out.String())
+	}
+	w.send("ihello from vim\x1b")
+	w.send(":wq\r")
+	if !w.readUntil("written", 10*time.Second) {
+		t.Fatalf("vi write: %q", w.out.String())
+	}
+	w.out.Reset()
+	if !w.readUntil("$ ", 10*time.Second) { // vim drops typeahead as it quits
+		t.Fatalf("no prompt after vi: %q", w.out.String())
+	}
+	w.send("echo saved-$(cat /tmp/v.txt | tr ' ' _)\n")
+	if !w.readUntil("saved-hello_from_vim", 10*time.Second) {
+		t.Fatalf("vi edit: %q", w.out.String())
+	}
 }
