@@ -22,8 +22,18 @@ import (
 // syscalls) and the server's events about it (process start/exit, oom,
 // exit, lifecycle), each a JSON object, scrubbed, kept in a bounded ring
 // and streamed to subscribers. Kernel lines come from runsc's boot log of
-// the sandbox; events are in memory (a restart keeps the kernel lines,
-// which are re-read from the file, not the events).
+// the sandbox and are re-read from that file after a restart. Events are
+// also persisted (store.AppendEvent: asynchronous, batched, drained when the
+// store closes, at most store.EventsKept per session); the first use of a
+// session's log in a process (sessionLog) loads them into the ring before
+// any other entry, so a restart keeps them too. Across a restart, the
+// persisted events come first, then the re-read kernel lines.
+//
+// Concurrency: a sessionLog's mutex guards its ring and subscribers, and
+// adding never blocks on a subscriber (a slow one loses entries). Adding
+// does not wait for the database either: persisting is an enqueue (which
+// waits only while the store's buffer is full), and the load runs once per
+// session, outside the mutex, before its first entry.
 
 const (
 	logRetain     = 2000 // entries kept per session
@@ -35,6 +45,7 @@ const (
 type logEntry map[string]any
 
 type sessionLog struct {
+	load    sync.Once // persisted events into entries, before any add
 	mu      sync.Mutex
 	entries [][]byte // JSON
 	subs    map[chan []byte]struct{}
@@ -56,6 +67,32 @@ func (l *logs) get(pk string) *sessionLog {
 		sl = &sessionLog{subs: map[chan []byte]struct{}{}}
 		l.m[pk] = sl
 	}
+	return sl
+}
+
+// sessionLog returns a session's log, having loaded its persisted events on
+// first use. Everything that reads or adds entries goes through it.
+func (s *Server) sessionLog(pk string) *sessionLog {
+	sl := s.logs.get(pk)
+	sl.load.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		evs, err := s.db.LastEvents(ctx, pk, logRetain)
+		if err != nil {
+			s.log.Warn("load session events", "session", pk, "err", err)
+			return
+		}
+		old := make([][]byte, 0, len(evs))
+		for _, e := range evs {
+			old = append(old, e.Entry)
+		}
+		sl.mu.Lock()
+		sl.entries = append(old, sl.entries...) // empty: nothing adds before the load
+		if n := len(sl.entries); n > logRetain {
+			sl.entries = sl.entries[n-logRetain:]
+		}
+		sl.mu.Unlock()
+	})
 	return sl
 }
 
@@ -110,7 +147,10 @@ func (s *Server) addLog(ses *store.Session, e logEntry) {
 		set = s.scrub.forSession(ses.ID, secrets)
 	}
 	b = set.Redact(b)
-	s.logs.get(ses.ID).add(b)
+	s.sessionLog(ses.ID).add(b)
+	if e["type"] == "event" {
+		s.db.AppendEvent(ses.ID, b)
+	}
 }
 
 // glog line: "W1129 10:43:41.552138       1 vfs.go:1209] message"
@@ -193,7 +233,7 @@ func (s *Server) startKernelLog(ses *store.Session) {
 	if !ok {
 		return
 	}
-	sl := s.logs.get(ses.ID)
+	sl := s.sessionLog(ses.ID) // persisted events before the re-read kernel lines
 	sl.mu.Lock()
 	if sl.cancel != nil {
 		sl.cancel()
@@ -221,8 +261,9 @@ func (s *Server) getLogs(c *gin.Context) {
 	if !ok {
 		return
 	}
-	entries, ch := s.logs.get(ses.ID).subscribe()
-	s.logs.get(ses.ID).unsubscribe(ch)
+	sl := s.sessionLog(ses.ID)
+	entries, ch := sl.subscribe()
+	sl.unsubscribe(ch)
 	c.Header("Content-Type", "application/x-ndjson")
 	c.Status(http.StatusOK)
 	w := bufio.NewWriter(c.Writer)
@@ -258,7 +299,7 @@ func (s *Server) logsWS(c *gin.Context) {
 			}
 		}
 	}()
-	sl := s.logs.get(ses.ID)
+	sl := s.sessionLog(ses.ID)
 	history, ch := sl.subscribe()
 	defer sl.unsubscribe(ch)
 	for _, e := range history {

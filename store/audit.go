@@ -17,13 +17,6 @@ type AuditRecord struct {
 	Details                                            map[string]any // stored as JSON
 }
 
-// auditItem is either a record or, when flush is non-nil, a flush marker
-// that the writer closes once everything before it is written.
-type auditItem struct {
-	rec   AuditRecord
-	flush chan struct{}
-}
-
 // Audit enqueues rec for the background writer; a zero Time is set to now.
 // It never drops a record: if the buffer stays full for ~100ms it writes
 // synchronously instead. After Close it also writes synchronously (which
@@ -32,116 +25,15 @@ func (db *DB) Audit(rec AuditRecord) {
 	if rec.Time.IsZero() {
 		rec.Time = db.now()
 	}
-	it := auditItem{rec: rec}
-	db.auditMu.RLock()
-	if db.auditClosed {
-		db.auditMu.RUnlock()
-		db.writeAuditSync(rec)
-		return
-	}
-	select {
-	case db.auditCh <- it:
-		db.auditMu.RUnlock()
-		return
-	default:
-	}
-	t := time.NewTimer(auditMaxWait)
-	defer t.Stop()
-	select {
-	case db.auditCh <- it:
-		db.auditMu.RUnlock()
-	case <-t.C:
-		db.auditMu.RUnlock()
-		db.writeAuditSync(rec)
-	}
-}
-
-func (db *DB) writeAuditSync(rec AuditRecord) {
-	if err := db.writeAudit(context.Background(), []AuditRecord{rec}); err != nil {
-		db.report(fmt.Errorf("store: write audit record: %w", err))
-	}
+	db.audit.put(rec)
 }
 
 // FlushAudit waits until every record enqueued before the call is written.
 func (db *DB) FlushAudit(ctx context.Context) error {
-	done := make(chan struct{})
-	db.auditMu.RLock()
-	if db.auditClosed {
-		db.auditMu.RUnlock()
-		return nil // Close has drained (or is draining) everything
+	if err := db.audit.flush(ctx); err != nil {
+		return fmt.Errorf("store: flush audit: %w", err)
 	}
-	select {
-	case db.auditCh <- auditItem{flush: done}:
-		db.auditMu.RUnlock()
-	case <-ctx.Done():
-		db.auditMu.RUnlock()
-		return fmt.Errorf("store: flush audit: %w", ctx.Err())
-	}
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("store: flush audit: %w", ctx.Err())
-	}
-}
-
-// auditLoop batches queued records, writing every auditInterval or every
-// auditBatch records, until auditCh is closed and drained.
-func (db *DB) auditLoop() {
-	defer close(db.auditDone)
-	batch := make([]AuditRecord, 0, auditBatch)
-	var waiters []chan struct{}
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
-	flush := func() {
-		timer.Stop()
-		if len(batch) > 0 {
-			db.writeAuditRetry(batch)
-			batch = batch[:0]
-		}
-		for _, w := range waiters {
-			close(w)
-		}
-		waiters = waiters[:0]
-	}
-	for {
-		select {
-		case it, ok := <-db.auditCh:
-			if !ok {
-				flush()
-				return
-			}
-			if it.flush != nil {
-				waiters = append(waiters, it.flush)
-				flush()
-				continue
-			}
-			batch = append(batch, it.rec)
-			if len(batch) == 1 {
-				timer.Reset(auditInterval)
-			}
-			if len(batch) >= auditBatch {
-				flush()
-			}
-		case <-timer.C:
-			flush()
-		}
-	}
-}
-
-// writeAuditRetry writes a batch, retrying a few times before giving up and
-// reporting the error.
-func (db *DB) writeAuditRetry(batch []AuditRecord) {
-	var err error
-	for attempt := range 5 {
-		if attempt > 0 {
-			time.Sleep(time.Duration(attempt) * 100 * time.Millisecond)
-		}
-		if err = db.writeAudit(context.Background(), batch); err == nil {
-			return
-		}
-	}
-	db.report(fmt.Errorf("store: write %d audit records: %w", len(batch), err))
+	return nil
 }
 
 func (db *DB) writeAudit(ctx context.Context, recs []AuditRecord) error {

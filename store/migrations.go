@@ -116,6 +116,18 @@ CREATE TABLE session_secrets (
 	PRIMARY KEY (session_pk, name)
 );
 `,
+	// 3: server events of a session's log (process_start, exit, ...), so a
+	// restart keeps them. seq numbers a session's events 1, 2, ... in write
+	// order; entry is the scrubbed JSON object.
+	`
+CREATE TABLE session_events (
+	session_pk TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+	seq        INTEGER NOT NULL,
+	time       INTEGER NOT NULL,
+	entry      TEXT NOT NULL
+);
+CREATE UNIQUE INDEX session_events_session_seq ON session_events(session_pk, seq);
+`,
 }
 
 // migrate applies every migration not yet recorded in schema_migrations,

@@ -1,12 +1,14 @@
 // Package store owns sandboxd's embedded SQLite state: organizations, users,
-// memberships with roles, projects, bearer tokens, sessions (sandboxes) and
-// the audit log, together with the schema and its migrations.
+// memberships with roles, projects, bearer tokens, sessions (sandboxes), the
+// sessions' persisted log events and the audit log, together with the schema
+// and its migrations.
 //
 // A *DB is safe for concurrent use by multiple goroutines. Writes go through a
 // single connection (SQLite allows one writer at a time, so serializing them in
 // Go avoids SQLITE_BUSY); reads use a separate pool of read-only connections
-// that run concurrently thanks to WAL mode. Audit records are written
-// asynchronously by a background writer that Close drains.
+// that run concurrently thanks to WAL mode. Audit records and session events
+// are written asynchronously, in batches, by background writers (one
+// goroutine each) that Close drains.
 package store
 
 import (
@@ -117,27 +119,20 @@ type DB struct {
 	// replace it before using the DB.
 	Now func() time.Time
 	// OnError, if set, receives errors that cannot be returned to a caller:
-	// failed background audit writes and failed last_used_at updates.
+	// failed background audit and event writes and failed last_used_at
+	// updates.
 	OnError func(error)
 
 	w *sql.DB // single writer connection, BEGIN IMMEDIATE
 	r *sql.DB // read-only pool
 
-	auditMu     sync.RWMutex // guards auditClosed against sends on a closed channel
-	auditClosed bool
-	auditCh     chan auditItem
-	auditDone   chan struct{}
-	closeOnce   sync.Once
-	closeErr    error
+	audit     *writer[AuditRecord]
+	events    *writer[Event]
+	closeOnce sync.Once
+	closeErr  error
 }
 
-const (
-	auditBuffer   = 4096
-	auditBatch    = 256
-	auditInterval = 50 * time.Millisecond
-	auditMaxWait  = 100 * time.Millisecond
-	touchEvery    = time.Minute
-)
+const touchEvery = time.Minute
 
 // Open opens or creates the SQLite database at path (created with mode 0600),
 // enables WAL, busy_timeout(5000), foreign keys and synchronous=NORMAL, and
@@ -162,10 +157,8 @@ func Open(path string) (*DB, error) {
 	w.SetConnMaxIdleTime(0)
 
 	db := &DB{
-		Now:       func() time.Time { return time.Now().UTC() },
-		w:         w,
-		auditCh:   make(chan auditItem, auditBuffer),
-		auditDone: make(chan struct{}),
+		Now: func() time.Time { return time.Now().UTC() },
+		w:   w,
 	}
 	ctx := context.Background()
 	// Touch the writer first so WAL mode is set before readers connect.
@@ -186,19 +179,17 @@ func Open(path string) (*DB, error) {
 	r.SetMaxOpenConns(n)
 	r.SetMaxIdleConns(n)
 	db.r = r
-	go db.auditLoop()
+	db.audit = newWriter("audit records", db.writeAudit, db.report)
+	db.events = newWriter("session events", db.writeEvents, db.report)
 	return db, nil
 }
 
-// Close drains the audit writer, writing every enqueued record, then closes
-// the database. It is safe to call more than once.
+// Close drains the audit and session event writers, writing every enqueued
+// record, then closes the database. It is safe to call more than once.
 func (db *DB) Close() error {
 	db.closeOnce.Do(func() {
-		db.auditMu.Lock()
-		db.auditClosed = true
-		close(db.auditCh)
-		db.auditMu.Unlock()
-		<-db.auditDone
+		db.audit.close()
+		db.events.close()
 		// Fold the WAL back into the main file; failure is harmless.
 		_, _ = db.w.Exec(`PRAGMA wal_checkpoint(TRUNCATE)`)
 		db.closeErr = errors.Join(db.r.Close(), db.w.Close())

@@ -661,7 +661,7 @@ func TestAuditBufferFullFallsBackToSyncWrite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const n = auditBuffer + 1000
+	const n = writeBuffer + 1000
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
