@@ -1,12 +1,14 @@
 // Package configs holds sandboxd's built-in configuration as data: the
-// default config file, sandbox sizes and the default image recipe. The files
-// are embedded into the binary; nothing here is code that decides.
+// default config file, sandbox sizes, the egress allowlist and the default
+// image recipe. The files are embedded into the binary; nothing here is
+// code that decides.
 package configs
 
 import "embed"
 
-// FS holds sandboxd.yaml, sizes.yaml, scrubber.yaml (secret patterns) and
-// image/ (packages.txt, build.sh, setup.sh).
+// FS holds sandboxd.yaml, sizes.yaml, scrubber.yaml (secret patterns),
+// egress.yaml (egress allowlist) and image/ (packages.txt, build.sh,
+// setup.sh).
 //
-//go:embed sandboxd.yaml sizes.yaml scrubber.yaml image/packages.txt image/build.sh image/setup.sh
+//go:embed sandboxd.yaml sizes.yaml scrubber.yaml egress.yaml image/packages.txt image/build.sh image/setup.sh
 var FS embed.FS

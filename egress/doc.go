@@ -1,5 +1,63 @@
-// Package egress will own the per-session forward proxy (elazarl/goproxy):
-// the registry allowlist, the guarded dialer and the byte quota (issue 5).
-// Today every sandbox has a network namespace with only a loopback device:
-// no outbound network at all.
+// Package egress owns the sandboxes' only way out: a per-session HTTP
+// forward proxy (plain requests through elazarl/goproxy, CONNECT tunnels
+// handled here), the allowlist policy it decides with, the guarded dialer,
+// and each session's byte quota and per-destination counters.
+//
+// # Deciding
+//
+// Every plain request and every CONNECT is decided on its normalized host
+// (Policy.Decide): lowercase, trailing dot dropped, IDNA to ASCII (invalid
+// names refused); IP literals in any spelling — brackets, IPv4-mapped IPv6,
+// and the numeric IPv4 forms 2130706433, 0x7f000001, 0177.0.0.1, 127.1 —
+// become their address, and an address is allowed only if a rule names it.
+// A missing port is 80 for requests and 443 for CONNECT. Only http:// is
+// proxied as a request; https goes through CONNECT and the proxy never
+// terminates TLS (no MITM, so nothing to verify or skip). Requests the
+// net/http server cannot parse (e.g. "CONNECT [a.test]:443") are answered
+// 400 by it without an event.
+//
+// The dialer resolves names itself and refuses a name if any of its
+// addresses is loopback, private, link-local (cloud metadata included),
+// CGNAT, multicast, reserved or documentation space unless
+// Config.AllowNetworks covers it; it dials the checked address, and
+// net.Dialer.Control checks the socket's address again. Every connection
+// resolves anew, so DNS rebinding gains nothing. Host proxy environment
+// variables are never consulted.
+//
+// Inside a tunnel the client's first message is checked before anything
+// is forwarded: to port 443 it must be a TLS ClientHello whose SNI equals
+// the CONNECT host (reassembled across records; a missing SNI is refused;
+// to an allowlisted IP the SNI, if any, must itself be allowed); to port
+// 80 it must be an HTTP request in origin form whose Host is the CONNECT
+// host; on other ports TLS gets the SNI rule, an HTTP request the Host
+// rule, and anything else (SSH, say) passes, with the server's bytes
+// flowing meanwhile. Only the first message is checked: later requests on
+// a port-80 tunnel, and anything inside TLS (HTTP/2 authorities, ECH inner
+// names), go to the same allowed destination but are not seen.
+//
+// # Counting
+//
+// A session's bytes are counted on its accepted connections, both ways, in
+// the data path: request and response heads, bodies, tunnel payloads,
+// keep-alive, pipelining and upgrades alike. Reads and writes are capped to
+// what the quota leaves, so one connection never passes the limit and
+// parallel ones by at most one read each. When the count reaches the limit
+// every connection of the session is cut and Events.QuotaExceeded is
+// called once; later connections get 403 "Egress quota exceeded" (the
+// proxy's own refusals are not counted). Usage, Snapshot and Destinations
+// report counts for the caller to persist; Serve takes the bytes already
+// used, so a restarted session keeps its count.
+//
+// Every refusal calls Events.Denied and increments
+// sandboxd_egress_denied_total{reason}. Nothing logs payloads or URLs.
+//
+// # Concurrency
+//
+// Policy is immutable. A Proxy is safe for concurrent use: each Serve call
+// runs one session on the caller's goroutine and returns after Close,
+// Shutdown or a listener failure; net/http gives each client connection a
+// goroutine, and a tunnel adds one for its upstream-to-client half, which
+// the connection's goroutine waits for. Close cuts a session without
+// waiting; Shutdown cuts all and waits for every Serve and handler. Events
+// are called synchronously from connection goroutines.
 package egress

@@ -1,0 +1,330 @@
+package egress
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+var connectOK = []byte("HTTP/1.1 200 Connection established\r\n\r\n")
+
+// connect decides a CONNECT, dials the destination through the guard,
+// checks the client's first message, then relays bytes both ways. It runs
+// on the connection's server goroutine and returns when the tunnel ends;
+// the one goroutine it starts (upstream->client) is waited for.
+func (p *Proxy) connect(w http.ResponseWriter, r *http.Request, c *sessConn) {
+	s := c.s
+	_, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		return
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Time{})
+	// Bytes the client sent right behind the CONNECT head (a ClientHello,
+	// often) sit in the server's reader; they come first.
+	var src io.Reader = c
+	if n := brw.Reader.Buffered(); n > 0 {
+		early, _ := brw.Reader.Peek(n)
+		src = io.MultiReader(bytes.NewReader(bytes.Clone(early)), c)
+	}
+
+	rawHost, port, err := splitHostPort(r.RequestURI, 443)
+	if err != nil {
+		reason := ReasonInvalidHost
+		if errors.Is(err, errInvalidPort) {
+			reason = ReasonInvalidPort
+		}
+		h := cleanHost(r.RequestURI)
+		s.deny(h, 0, reason)
+		p.refuseRaw(c, http.StatusForbidden, "Egress denied ("+reason+")", reason, denyText(reason, h, 0))
+		return
+	}
+	host, ip, reason := s.pol.decide(rawHost, port)
+	if reason != "" {
+		if host == "" {
+			host = cleanHost(rawHost)
+		}
+		s.deny(host, port, reason)
+		p.refuseRaw(c, http.StatusForbidden, "Egress denied ("+reason+")", reason, denyText(reason, host, port))
+		return
+	}
+	up, err := s.dial.dial(r.Context(), host, ip, port)
+	if err != nil {
+		var de *denyError
+		if errors.As(err, &de) {
+			s.deny(host, port, de.reason)
+			p.refuseRaw(c, http.StatusForbidden, "Egress denied ("+de.reason+")", de.reason, denyText(de.reason, host, port))
+			return
+		}
+		p.log.Debug("egress upstream unreachable", "session", s.id, "host", host, "port", port, "err", upstreamError(err))
+		msg := "egress: upstream " + hostPort(host, port) + ": " + upstreamError(err) + "\n"
+		p.refuseRaw(c, http.StatusBadGateway, "Bad Gateway", "", msg)
+		return
+	}
+	tc := &trackedConn{Conn: up, s: s}
+	if !s.track(tc) {
+		return
+	}
+	defer tc.Close()
+	d := s.dest(host)
+	c.attach(d)
+	if _, err := c.Write(connectOK); err != nil {
+		return
+	}
+	d.conns.Add(1)
+	p.met.allowed.Inc()
+
+	t := newTunnel(c, tc, s.pol.idleTimeout())
+	defer t.stop()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	started := false
+	startDown := func() {
+		started = true
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := t.pipe(c, tc); err != nil {
+				t.closeBoth()
+			} else {
+				closeWrite(c.Conn)
+			}
+		}()
+	}
+
+	// Ports 443 and 80 carry client-first protocols: nothing flows until
+	// the first message passed. Other ports may be server-first (SSH,
+	// SMTP), so the server's bytes flow while the client's are checked.
+	mode := sniffMode
+	switch port {
+	case 443:
+		mode = tlsMode
+	case 80:
+		mode = httpMode
+	}
+	if mode == sniffMode {
+		startDown()
+	} else {
+		_ = c.SetReadDeadline(time.Now().Add(s.pol.headerTimeout()))
+	}
+	br := bufio.NewReaderSize(src, inspectBufSize)
+	reason, eof := inspect(br, mode, s.pol, host, ip, port)
+	_ = c.SetReadDeadline(time.Time{})
+	if reason != "" || eof {
+		if !eof {
+			s.deny(host, port, reason)
+		}
+		t.closeBoth()
+		return
+	}
+	if !started {
+		startDown()
+	}
+	// Replay what inspection peeked, then the rest of the stream.
+	rest := src
+	if n := br.Buffered(); n > 0 {
+		b, _ := br.Peek(n)
+		rest = io.MultiReader(bytes.NewReader(bytes.Clone(b)), src)
+	}
+	if err := t.pipe(tc, rest); err != nil {
+		t.closeBoth()
+	} else {
+		closeWrite(tc.Conn)
+	}
+}
+
+type inspectMode int
+
+const (
+	sniffMode inspectMode = iota // other ports: TLS -> SNI rule, HTTP -> Host rule, else allow
+	tlsMode                      // 443: must be a TLS ClientHello with the right SNI
+	httpMode                     // 80: must be an HTTP request with the right Host
+)
+
+// inspect checks the client's first message in a tunnel to host:port. It
+// returns a Reason when refused, or eof when the client closed before
+// sending anything, which is not a denial (a client too slow to send is:
+// ReasonBadHello).
+func inspect(br *bufio.Reader, mode inspectMode, pol *Policy, host string, ip netip.Addr, port int) (reason string, eof bool) {
+	first, err := br.Peek(1)
+	if err != nil {
+		if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
+			return "", true
+		}
+		return ReasonBadHello, false
+	}
+	isTLS := first[0] == recordHandshake
+	isHTTP := false
+	if !isTLS && first[0] >= 'A' && first[0] <= 'Z' {
+		// Read on until the method token ends, so a request line split
+		// into tiny segments is still recognized.
+		isHTTP = peekMethod(br)
+	}
+	switch {
+	case mode == tlsMode && isHTTP:
+		return ReasonHTTPInTunnel, false
+	case mode == tlsMode && !isTLS:
+		return ReasonNotTLS, false
+	case mode == httpMode && !isHTTP:
+		return ReasonNotHTTP, false
+	case isTLS:
+		return checkHello(br, pol, host, ip, port), false
+	case isHTTP:
+		return checkHTTP(br, host), false
+	}
+	return "", false
+}
+
+// peekMethod reports whether the stream starts with an upper-case token
+// (at most 20 bytes) followed by a space.
+func peekMethod(br *bufio.Reader) bool {
+	for n := 1; n <= 21; n++ {
+		b, err := br.Peek(n)
+		if err != nil {
+			return false
+		}
+		c := b[n-1]
+		if c == ' ' {
+			return n > 1
+		}
+		if c < 'A' || c > 'Z' {
+			return false
+		}
+	}
+	return false
+}
+
+// checkHello applies the SNI rule: a named destination needs an SNI equal
+// to it (no domain fronting, no missing SNI); an allowlisted IP literal
+// takes no SNI or one the policy allows on that port.
+func checkHello(br *bufio.Reader, pol *Policy, host string, ip netip.Addr, port int) string {
+	sni, has, err := readClientHello(br)
+	if err != nil {
+		return ReasonBadHello
+	}
+	if !has {
+		if ip.IsValid() {
+			return ""
+		}
+		return ReasonSNIMissing
+	}
+	norm, sniIP, err := normalizeHost(sni)
+	if err != nil || sniIP.IsValid() {
+		return ReasonSNIMismatch
+	}
+	if ip.IsValid() {
+		if _, _, reason := pol.decide(norm, port); reason != "" {
+			return ReasonSNIMismatch
+		}
+		return ""
+	}
+	if norm != host {
+		return ReasonSNIMismatch
+	}
+	return ""
+}
+
+// checkHTTP applies the Host rule to the first request in a tunnel: no
+// proxy (absolute-form) request, and a Host naming the CONNECT host. Only
+// the first request is checked; later ones on the same tunnel go to the
+// same, allowed, destination.
+func checkHTTP(br *bufio.Reader, host string) string {
+	req, err := readHTTPHead(br)
+	if err != nil {
+		return ReasonNotHTTP
+	}
+	if req.URL.IsAbs() || req.URL.Host != "" {
+		return ReasonAbsoluteForm
+	}
+	h, _, err := splitHostPort(req.Host, 80)
+	if err != nil {
+		return ReasonHostMismatch
+	}
+	norm, _, err := normalizeHost(h)
+	if err != nil || norm != host {
+		return ReasonHostMismatch
+	}
+	return ""
+}
+
+// tunnel relays one CONNECT. An idle timer (no goroutine) closes both ends
+// after idle with no bytes either way.
+type tunnel struct {
+	c    *sessConn
+	up   net.Conn
+	idle time.Duration
+	last atomic.Int64 // unix nanoseconds of the last byte either way
+
+	mu      sync.Mutex
+	timer   *time.Timer
+	stopped bool
+}
+
+func newTunnel(c *sessConn, up net.Conn, idle time.Duration) *tunnel {
+	t := &tunnel{c: c, up: up, idle: idle}
+	t.touch()
+	t.mu.Lock()
+	t.timer = time.AfterFunc(idle, t.watch)
+	t.mu.Unlock()
+	return t
+}
+
+func (t *tunnel) touch() { t.last.Store(time.Now().UnixNano()) }
+
+func (t *tunnel) watch() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.stopped {
+		return
+	}
+	quiet := time.Duration(time.Now().UnixNano() - t.last.Load())
+	if quiet >= t.idle {
+		t.stopped = true
+		t.closeBoth()
+		return
+	}
+	t.timer.Reset(t.idle - quiet)
+}
+
+func (t *tunnel) stop() {
+	t.mu.Lock()
+	t.stopped = true
+	t.timer.Stop()
+	t.mu.Unlock()
+}
+
+func (t *tunnel) closeBoth() {
+	_ = t.c.Close()
+	_ = t.up.Close()
+}
+
+var bufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+// pipe copies src to dst until EOF (nil) or an error.
+func (t *tunnel) pipe(dst io.Writer, src io.Reader) error {
+	bp := bufPool.Get().(*[]byte)
+	defer bufPool.Put(bp)
+	buf := *bp
+	for {
+		n, rerr := src.Read(buf)
+		if n > 0 {
+			t.touch()
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return werr
+			}
+		}
+		if rerr != nil {
+			if errors.Is(rerr, io.EOF) {
+				return nil
+			}
+			return rerr
+		}
+	}
+}
