@@ -1,12 +1,15 @@
 package runsc
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 
 	"github.com/vishvananda/netlink"
@@ -92,4 +95,168 @@ func listNetns(prefix string) []string {
 		}
 	}
 	return out
+}
+
+// The sandbox network: every sandbox gets two namespaces joined by a veth
+// pair. The sandbox's namespace (named <id>) holds lo and eth0 (SandboxAddr);
+// a private one (named <id>-px) holds the other end (ProxyAddr), where the
+// only socket is the egress proxy's listener for that sandbox. The proxy
+// namespace has no other interface and forwards nothing, so from inside the
+// sandbox nothing else exists: no host port, no other sandbox, no route to
+// the internet (there is no default route: direct connections fail at once
+// with "network unreachable"). The same addresses are used in every pair;
+// the namespaces keep them apart. The host's own namespace and firewall are
+// never touched.
+const (
+	ProxyAddr   = "10.200.0.1"
+	SandboxAddr = "10.200.0.2"
+	ProxyPort   = 3128
+	netPrefix   = 30
+	proxySuffix = "-px"
+	// Large frames: fewer packets through gVisor's netstack per byte.
+	vethMTU = 65000
+)
+
+// ProxyURL is the egress proxy as seen from inside every sandbox.
+var ProxyURL = "http://" + ProxyAddr + ":" + strconv.Itoa(ProxyPort)
+
+// ProxyEnv is the environment that points the usual tools (curl, pip, npm,
+// git, apt, Go, Node) at the egress proxy, in both letter cases.
+func ProxyEnv() map[string]string {
+	const noProxy = "localhost,127.0.0.1,::1"
+	return map[string]string{
+		"HTTP_PROXY": ProxyURL, "HTTPS_PROXY": ProxyURL, "NO_PROXY": noProxy,
+		"http_proxy": ProxyURL, "https_proxy": ProxyURL, "no_proxy": noProxy,
+	}
+}
+
+func proxyNetnsName(id string) string { return id + proxySuffix }
+
+// createSandboxNet makes both namespaces and the veth pair between them.
+// On error nothing is left.
+func createSandboxNet(id string) (err error) {
+	if err := createNetns(id); err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			deleteSandboxNet(id)
+		}
+	}()
+	if err := createNetns(proxyNetnsName(id)); err != nil {
+		return err
+	}
+	sb, err := netns.GetFromName(id)
+	if err != nil {
+		return fmt.Errorf("open netns: %w", err)
+	}
+	defer sb.Close()
+	px, err := netns.GetFromName(proxyNetnsName(id))
+	if err != nil {
+		return fmt.Errorf("open proxy netns: %w", err)
+	}
+	defer px.Close()
+	ph, err := netlink.NewHandleAt(px)
+	if err != nil {
+		return fmt.Errorf("netlink: %w", err)
+	}
+	defer ph.Close()
+	// Made inside the proxy namespace with its peer inside the sandbox's:
+	// neither end ever exists in the host's namespace.
+	veth := &netlink.Veth{
+		LinkAttrs:     netlink.LinkAttrs{Name: "px0", MTU: vethMTU},
+		PeerName:      "eth0",
+		PeerNamespace: netlink.NsFd(int(sb)),
+	}
+	if err := ph.LinkAdd(veth); err != nil {
+		return fmt.Errorf("create veth: %w", err)
+	}
+	if err := addrUp(ph, "px0", ProxyAddr); err != nil {
+		return err
+	}
+	sh, err := netlink.NewHandleAt(sb)
+	if err != nil {
+		return fmt.Errorf("netlink: %w", err)
+	}
+	defer sh.Close()
+	return addrUp(sh, "eth0", SandboxAddr)
+}
+
+func addrUp(h *netlink.Handle, name, ip string) error {
+	l, err := h.LinkByName(name)
+	if err != nil {
+		return fmt.Errorf("link %s: %w", name, err)
+	}
+	a, err := netlink.ParseAddr(fmt.Sprintf("%s/%d", ip, netPrefix))
+	if err != nil {
+		return err
+	}
+	if err := h.AddrAdd(l, a); err != nil {
+		return fmt.Errorf("address %s: %w", name, err)
+	}
+	if err := h.LinkSetUp(l); err != nil {
+		return fmt.Errorf("up %s: %w", name, err)
+	}
+	return nil
+}
+
+// deleteSandboxNet removes both namespaces (the veth pair goes with them).
+func deleteSandboxNet(id string) error {
+	return errors.Join(deleteNetns(proxyNetnsName(id)), deleteNetns(id))
+}
+
+// ListenProxy opens the egress proxy's listener for sandbox id inside its
+// proxy namespace, at ProxyAddr:ProxyPort. Only that sandbox can reach it.
+// The caller serves and closes it; after a server restart it is opened
+// again for each live sandbox.
+func (r *Runtime) ListenProxy(id string) (net.Listener, error) {
+	if !r.Owns(id) {
+		return nil, fmt.Errorf("container id %q not made by this runtime", id)
+	}
+	type res struct {
+		l   net.Listener
+		err error
+	}
+	ch := make(chan res, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			runtime.UnlockOSThread()
+			ch <- res{err: fmt.Errorf("get netns: %w", err)}
+			return
+		}
+		defer orig.Close()
+		px, err := netns.GetFromName(proxyNetnsName(id))
+		if err != nil {
+			runtime.UnlockOSThread()
+			ch <- res{err: fmt.Errorf("open proxy netns: %w", err)}
+			return
+		}
+		defer px.Close()
+		if err := netns.Set(px); err != nil {
+			runtime.UnlockOSThread()
+			ch <- res{err: fmt.Errorf("enter proxy netns: %w", err)}
+			return
+		}
+		// The socket belongs to the namespace it was made in.
+		var lc net.ListenConfig
+		l, lerr := lc.Listen(context.Background(), "tcp4", net.JoinHostPort(ProxyAddr, strconv.Itoa(ProxyPort)))
+		if err := netns.Set(orig); err != nil {
+			// Leave the thread locked: it exits with this goroutine.
+			if l != nil {
+				l.Close()
+			}
+			ch <- res{err: fmt.Errorf("restore netns: %w", err)}
+			return
+		}
+		runtime.UnlockOSThread()
+		if lerr != nil {
+			ch <- res{err: fmt.Errorf("listen in proxy netns: %w", lerr)}
+			return
+		}
+		ch <- res{l: l}
+	}()
+	out := <-ch
+	return out.l, out.err
 }

@@ -84,10 +84,10 @@ func (r *Runtime) Create(ctx context.Context, sb Sandbox) (err error) {
 	}
 	undo.push(func() { r.unmountDisk(sb.ID) })
 
-	if err := createNetns(sb.ID); err != nil {
+	if err := createSandboxNet(sb.ID); err != nil {
 		return err
 	}
-	undo.push(func() { deleteNetns(sb.ID) })
+	undo.push(func() { deleteSandboxNet(sb.ID) })
 
 	spec := BuildSpec(sb, r.paths(sb.ID), sb.ID)
 	b, err := json.MarshalIndent(spec, "", "  ")
@@ -183,7 +183,7 @@ func (r *Runtime) Destroy(ctx context.Context, id string, keepDisk bool) error {
 	if err := r.cg.remove(id); err != nil {
 		errs = append(errs, err)
 	}
-	if err := deleteNetns(id); err != nil {
+	if err := deleteSandboxNet(id); err != nil {
 		errs = append(errs, err)
 	}
 	d := r.dir(id)
@@ -303,7 +303,7 @@ func (r *Runtime) Collect(ctx context.Context, keep map[string]bool) []string {
 		}
 	}
 	for _, n := range listNetns(r.cfg.Prefix + "-") {
-		ids[n] = true
+		ids[strings.TrimSuffix(n, proxySuffix)] = true
 	}
 	for _, n := range r.cg.list(r.cfg.Prefix + "-") {
 		ids[n] = true
