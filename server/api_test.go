@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -122,6 +123,11 @@ func (f *fakeRuntime) KillAll(ctx context.Context, id string) error {
 
 func (f *fakeRuntime) CleanExecFiles() {}
 
+// ListenProxy gives the fake sandbox a loopback listener for its proxy.
+func (f *fakeRuntime) ListenProxy(id string) (net.Listener, error) {
+	return net.Listen("tcp", "127.0.0.1:0")
+}
+
 func (f *fakeRuntime) StartDirect(ctx context.Context, id string, s agent.Spec) (*runsc.DirectProcess, error) {
 	f.record("startdirect " + id)
 	return nil, errors.New("no runsc in the fake runtime")
@@ -172,7 +178,10 @@ func newAPIEnv(t *testing.T, tweak ...func(*Config)) *apiEnv {
 		t.Fatalf("bootstrap: %v %v", created, err)
 	}
 	rt := &fakeRuntime{wsRoot: t.TempDir()}
-	s := newServer(cfg, db, rt, "/fake/image", slog.New(slog.NewTextHandler(io.Discard, nil)))
+	s, err := newServer(cfg, db, rt, "/fake/image", slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { s.Close() })
 	return &apiEnv{t: t, s: s, db: db, rt: rt, owner: p, token: token}
 }

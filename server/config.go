@@ -13,6 +13,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"sandboxd/configs"
+	"sandboxd/egress"
 	"sandboxd/runsc/image"
 )
 
@@ -47,8 +48,20 @@ type Config struct {
 		TerminalIdleSeconds  int   `yaml:"terminalIdleSeconds"`
 	} `yaml:"limits"`
 
+	EgressOptions struct {
+		// Allowlist file (configs/egress.yaml's format); empty means the
+		// built-in one.
+		ConfigFile string `yaml:"configFile"`
+	} `yaml:"egress"`
+
 	// Sizes is loaded from configs/sizes.yaml (not part of the file above).
 	Sizes Sizes `yaml:"-"`
+	// Egress is the egress allowlist and dialer policy, loaded from
+	// egress.configFile or the built-in configs/egress.yaml.
+	Egress *egress.Config `yaml:"-"`
+	// EgressResolver replaces the proxy's DNS resolver (tests map names to
+	// loopback upstreams); nil means the host's.
+	EgressResolver egress.Resolver `yaml:"-"`
 }
 
 // Overrides are values from flags and environment; empty means "not set".
@@ -86,6 +99,20 @@ func LoadConfig(flags Overrides) (*Config, error) {
 	}
 	if c.Sizes, err = ParseSizes(sz); err != nil {
 		return nil, fmt.Errorf("sizes: %w", err)
+	}
+	if c.EgressOptions.ConfigFile != "" {
+		b, err := os.ReadFile(c.EgressOptions.ConfigFile)
+		if err != nil {
+			return nil, fmt.Errorf("egress config: %w", err)
+		}
+		if c.Egress, err = egress.LoadConfig(b); err != nil {
+			return nil, fmt.Errorf("egress config %s: %w", c.EgressOptions.ConfigFile, err)
+		}
+	} else {
+		c.Egress = egress.DefaultConfig()
+	}
+	if _, err := egress.NewPolicy(c.Egress); err != nil {
+		return nil, fmt.Errorf("egress: %w", err)
 	}
 	if err := c.validate(); err != nil {
 		return nil, err

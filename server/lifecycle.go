@@ -229,7 +229,14 @@ func (m *manager) provision(ctx context.Context, ses *store.Session, size Size) 
 		}
 		return apiErr(http.StatusServiceUnavailable, "unavailable", "the sandbox could not be started; nothing was kept, retry with the same sessionId")
 	}
+	if err := m.s.startEgress(ses); err != nil {
+		m.s.log.Error("provision: egress listener", "session", ses.SessionID, "err", err)
+		m.s.rt.Destroy(context.Background(), ses.ContainerID, false)
+		m.s.db.DeleteSessionRow(context.Background(), ses.ID)
+		return apiErr(http.StatusServiceUnavailable, "unavailable", "the sandbox could not be started; nothing was kept, retry with the same sessionId")
+	}
 	if err := m.setStatus(context.Background(), ses, store.StatusRunning, ""); err != nil {
+		m.s.egress.Close(ses.ID)
 		m.s.rt.Destroy(context.Background(), ses.ContainerID, false)
 		m.s.db.DeleteSessionRow(context.Background(), ses.ID)
 		return err
@@ -268,6 +275,7 @@ func (m *manager) teardown(ctx context.Context, ses *store.Session) (teardownRes
 	}
 	m.s.terms.closeSession(ses.ID)
 	m.s.stopKernelLog(ses.ID)
+	m.s.stopEgress(ses)
 	res.WorkspaceBytes = dirBytes(m.s.rt.WorkspaceDir(ses.ContainerID))
 	if err := m.s.rt.Destroy(context.Background(), ses.ContainerID, true); err != nil {
 		m.s.log.Error("teardown", "session", ses.SessionID, "err", err)
@@ -286,6 +294,8 @@ func (m *manager) remove(ctx context.Context, ses *store.Session) error {
 	}
 	m.s.terms.closeSession(ses.ID)
 	m.s.stopKernelLog(ses.ID)
+	m.s.stopEgress(ses)
+	m.s.egressEvents.forget(ses.ID)
 	if err := m.s.rt.Destroy(context.Background(), ses.ContainerID, false); err != nil {
 		m.s.log.Error("delete", "session", ses.SessionID, "err", err)
 		return apiErr(http.StatusServiceUnavailable, "unavailable", "the sandbox could not be removed completely; retry the delete")
@@ -309,6 +319,7 @@ func (m *manager) markDead(ses *store.Session, reason string) {
 	if ses.Status != store.StatusRunning {
 		return
 	}
+	m.s.stopEgress(ses)
 	if err := m.setStatus(context.Background(), ses, store.StatusFailed, reason); err != nil {
 		m.s.log.Error("mark failed", "session", ses.SessionID, "err", err)
 		return
@@ -368,6 +379,10 @@ func (m *manager) reconcile(ctx context.Context) error {
 				keep[ses.ContainerID] = true
 				m.account(ses)
 				m.s.startKernelLog(ses)
+				if err := m.s.startEgress(ses); err != nil {
+					// The sandbox lives on without a way out; say so.
+					m.s.log.Error("reconcile: egress listener", "session", ses.SessionID, "err", err)
+				}
 				continue
 			}
 			m.account(ses) // released again by markDead
@@ -437,6 +452,9 @@ func (m *manager) sweep() {
 		// Re-read under the lock: the session may have moved on.
 		if cur, err := m.s.db.GetSessionByID(ctx, ses.ID); err == nil {
 			m.checkAlive(ctx, &cur)
+			if cur.Status == store.StatusRunning {
+				m.s.persistEgress(ctx, &cur)
+			}
 			if cur.Status == store.StatusRunning && m.idle(&cur, m.now()) {
 				m.s.log.Info("idle timeout: tearing down", "session", cur.SessionID, "idleTimeoutSeconds", cur.IdleTimeoutSeconds)
 				_, err := m.teardown(ctx, &cur)

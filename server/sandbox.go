@@ -112,7 +112,8 @@ func (s *Server) provision(c *gin.Context) {
 		ContainerID: s.rt.ContainerID(p.Org.ID, req.SessionID), Status: store.StatusProvisioning,
 		Size: size.Name, RequestedSize: req.Size, VCPUs: size.VCPUs, MemoryMiB: size.MemoryMiB,
 		DiskMiB: size.DiskMiB, Pids: size.Pids, CreditsPerHour: size.CreditsPerHour,
-		GitRepo: req.GitRepo, GitBranch: req.GitBranch, Env: req.Env, SecretNames: names,
+		EgressBytesLimit: size.EgressBytes(),
+		GitRepo:          req.GitRepo, GitBranch: req.GitBranch, Env: req.Env, SecretNames: names,
 		IdleTimeoutSeconds: idle,
 	}
 	if ses.RequestedSize == "" {
@@ -205,6 +206,7 @@ func (s *Server) listSandboxes(c *gin.Context) {
 	}
 	out := make([]sandboxObject, 0, len(list))
 	for i := range list {
+		s.liveEgress(&list[i])
 		out = append(out, sandboxJSON(&list[i]))
 	}
 	c.JSON(http.StatusOK, gin.H{"sandboxes": out})
@@ -215,6 +217,7 @@ func (s *Server) getSandbox(c *gin.Context) {
 	if !ok {
 		return
 	}
+	s.liveEgress(ses)
 	c.JSON(http.StatusOK, sandboxJSON(ses))
 }
 
@@ -476,6 +479,10 @@ func commandEnv(sessionEnv, secrets, reqEnv map[string]string) []string {
 	env := map[string]string{
 		"PATH": runsc.BasePath, "HOME": runsc.UserHome, "USER": "user", "LOGNAME": "user",
 		"SHELL": "/bin/bash", "LANG": "C.UTF-8", "TERM": "dumb",
+	}
+	// The only way out is the session's egress proxy (see runsc/netns.go).
+	for k, v := range runsc.ProxyEnv() {
+		env[k] = v
 	}
 	for _, m := range []map[string]string{sessionEnv, secrets, reqEnv} {
 		for k, v := range m {

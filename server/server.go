@@ -23,6 +23,7 @@ import (
 
 	"github.com/gin-gonic/gin"
 
+	"sandboxd/egress"
 	"sandboxd/runsc"
 	"sandboxd/runsc/agent"
 	"sandboxd/runsc/image"
@@ -43,6 +44,7 @@ type Runtime interface {
 	CleanExecFiles()
 	Start(ctx context.Context, id string, s agent.Spec) (*agent.Process, error)
 	StartDirect(ctx context.Context, id string, s agent.Spec) (*runsc.DirectProcess, error)
+	ListenProxy(id string) (net.Listener, error)
 }
 
 // Server is one sandboxd instance.
@@ -59,6 +61,9 @@ type Server struct {
 	terms  *terminals
 	tix    *tickets
 	logs   *logs
+
+	egress       Egress
+	egressEvents *egressEvents
 }
 
 // DBPath is the SQLite file inside a data directory.
@@ -147,12 +152,19 @@ func New(ctx context.Context, cfg *Config, out io.Writer) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := newServer(cfg, db, rt, img, log)
+	s, err := newServer(cfg, db, rt, img, log)
+	if err != nil {
+		return nil, err
+	}
 	ok = true
 	return s, nil
 }
 
-func newServer(cfg *Config, db *store.DB, rt Runtime, img string, log *slog.Logger) *Server {
+func newServer(cfg *Config, db *store.DB, rt Runtime, img string, log *slog.Logger) (*Server, error) {
+	pol, err := egress.NewPolicy(cfg.Egress)
+	if err != nil {
+		return nil, fmt.Errorf("egress: %w", err)
+	}
 	base := loadScrubber()
 	s := &Server{cfg: cfg, db: db, rt: rt, image: img, met: newMetrics(db), scrub: &scrubbers{base: base},
 		log: slog.New(scrubHandler{log.Handler(), base})}
@@ -160,9 +172,11 @@ func newServer(cfg *Config, db *store.DB, rt Runtime, img string, log *slog.Logg
 	s.terms = newTerminals(time.Duration(cfg.Limits.TerminalIdleSeconds) * time.Second)
 	s.tix = newTickets()
 	s.logs = newLogs()
+	s.egressEvents = newEgressEvents(s)
+	s.egress = egress.New(pol, egress.Options{Events: s.egressEvents, Registerer: s.met.reg, Resolver: cfg.EgressResolver, Logger: s.log.With("component", "egress")})
 	s.sb = newManager(s)
 	s.engine = s.routes()
-	return s
+	return s, nil
 }
 
 // bootstrap creates the first organization and owner on an empty data dir,
@@ -202,6 +216,8 @@ func (s *Server) Start(ctx context.Context) error {
 func (s *Server) Close() error {
 	s.sb.stop()
 	s.terms.shutdown()
+	s.saveEgress()
+	s.egress.Shutdown()
 	return s.db.Close()
 }
 

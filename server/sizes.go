@@ -15,7 +15,11 @@ type Size struct {
 	DiskMiB        int     `yaml:"diskMiB"`
 	Pids           int     `yaml:"pids"`
 	CreditsPerHour float64 `yaml:"creditsPerHour"`
+	EgressMiB      int64   `yaml:"egressMiB"` // egress quota, both directions
 }
+
+// EgressBytes is the size's egress quota in bytes.
+func (z Size) EgressBytes() int64 { return z.EgressMiB << 20 }
 
 // Sizes is the size table with its default and legacy aliases.
 type Sizes struct {
@@ -36,7 +40,7 @@ func ParseSizes(b []byte) (Sizes, error) {
 			return s, fmt.Errorf("size %q: empty or repeated name", z.Name)
 		}
 		seen[z.Name] = true
-		if z.VCPUs < 1 || z.MemoryMiB < 256 || z.DiskMiB < 256 || z.Pids < 128 || z.CreditsPerHour < 0 {
+		if z.VCPUs < 1 || z.MemoryMiB < 256 || z.DiskMiB < 256 || z.Pids < 128 || z.CreditsPerHour < 0 || z.EgressMiB < 0 {
 			return s, fmt.Errorf("size %q: limits out of range", z.Name)
 		}
 	}

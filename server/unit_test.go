@@ -503,8 +503,10 @@ func envMap(t *testing.T, env []string) map[string]string {
 func TestCommandEnv(t *testing.T) {
 	def := commandEnv(nil, nil, nil)
 	want := []string{
-		"HOME=/home/user", "LANG=C.UTF-8", "LOGNAME=user", "PATH=" + runsc.BasePath,
+		"HOME=/home/user", "HTTPS_PROXY=" + runsc.ProxyURL, "HTTP_PROXY=" + runsc.ProxyURL,
+		"LANG=C.UTF-8", "LOGNAME=user", "NO_PROXY=localhost,127.0.0.1,::1", "PATH=" + runsc.BasePath,
 		"SHELL=/bin/bash", "TERM=dumb", "USER=user",
+		"http_proxy=" + runsc.ProxyURL, "https_proxy=" + runsc.ProxyURL, "no_proxy=localhost,127.0.0.1,::1",
 	}
 	if !reflect.DeepEqual(def, want) {
 		t.Errorf("defaults = %q, want %q", def, want)
@@ -524,6 +526,9 @@ func TestCommandEnv(t *testing.T) {
 		"A": "session", "B": "secret", "C": "request", "D": "request", "TOKEN": "s3cr3t-value",
 		"TERM": "xterm", "LANG": "request",
 		"HOME": "/home/user", "USER": "user", "LOGNAME": "user", "SHELL": "/bin/bash", "PATH": runsc.BasePath,
+	}
+	for k, v := range runsc.ProxyEnv() {
+		wantM[k] = v
 	}
 	if !reflect.DeepEqual(m, wantM) {
 		t.Errorf("commandEnv = %v, want %v", m, wantM)

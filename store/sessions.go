@@ -178,13 +178,14 @@ func (db *DB) querySessions(ctx context.Context, q string, args ...any) ([]Sessi
 
 // UpdateSession writes the mutable fields of s by ID: container id, status,
 // reason, size and limits, idle timeout, usage counters, started/stopped
-// times; UpdatedAt is set to now. ErrNotFound if no such row.
+// times; UpdatedAt is set to now. The egress byte count only grows (a
+// stale copy never lowers what SetEgressUsed wrote). ErrNotFound if no such row.
 func (db *DB) UpdateSession(ctx context.Context, s *Session) error {
 	s.UpdatedAt = db.now()
 	s.StartedAt, s.StoppedAt = normTimePtr(s.StartedAt), normTimePtr(s.StoppedAt)
 	res, err := db.w.ExecContext(ctx, `UPDATE sessions SET
 		container_id = ?, status = ?, status_reason = ?, size = ?, vcpus = ?, memory_mib = ?, disk_mib = ?, pids = ?,
-		credits_per_hour = ?, idle_timeout_seconds = ?, egress_bytes_used = ?, egress_bytes_limit = ?, credits_used = ?,
+		credits_per_hour = ?, idle_timeout_seconds = ?, egress_bytes_used = MAX(egress_bytes_used, ?), egress_bytes_limit = ?, credits_used = ?,
 		started_at = ?, stopped_at = ?, updated_at = ?
 		WHERE id = ?`,
 		s.ContainerID, s.Status, s.StatusReason, s.Size, s.VCPUs, s.MemoryMiB, s.DiskMiB, s.Pids,
@@ -231,4 +232,17 @@ func (db *DB) CountByStatus(ctx context.Context) (map[string]int, error) {
 		out[s] = n
 	}
 	return out, rows.Err()
+}
+
+// SetEgressUsed raises a session's egress byte count to used (it never
+// lowers it). ErrNotFound if no such row.
+func (db *DB) SetEgressUsed(ctx context.Context, id string, used int64) error {
+	res, err := db.w.ExecContext(ctx, `UPDATE sessions SET egress_bytes_used = MAX(egress_bytes_used, ?) WHERE id = ?`, used, id)
+	if err == nil {
+		err = mustAffect(res)
+	}
+	if err != nil {
+		return fmt.Errorf("store: set egress usage %s: %w", id, err)
+	}
+	return nil
 }

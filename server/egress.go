@@ -1,0 +1,165 @@
+package server
+
+import (
+	"context"
+	"net"
+	"sort"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+
+	"sandboxd/egress"
+	"sandboxd/store"
+)
+
+// Egress is what the server needs from the egress proxy (egress.Proxy): one
+// listener per running session, inside that sandbox's proxy namespace.
+type Egress interface {
+	Serve(l net.Listener, sessionID string, used, limit int64) error
+	Close(sessionID string)
+	Usage(sessionID string) (used, limit int64, ok bool)
+	Destinations(sessionID string) map[string]egress.Dest
+	Shutdown()
+}
+
+// egressPersistEvery: how often a running session's egress byte count is
+// written to the store (a crash loses at most this much counting; the
+// proxy keeps enforcing the limit meanwhile).
+const egressPersistEvery = 5 * time.Second
+
+// startEgress opens the session's proxy listener and serves it. Called when
+// a sandbox starts and, after a restart, for each sandbox still running.
+func (s *Server) startEgress(ses *store.Session) error {
+	l, err := s.rt.ListenProxy(ses.ContainerID)
+	if err != nil {
+		return err
+	}
+	go func() {
+		if err := s.egress.Serve(l, ses.ID, ses.EgressBytesUsed, ses.EgressBytesLimit); err != nil {
+			s.log.Debug("egress listener ended", "session", ses.SessionID, "err", err)
+		}
+	}()
+	return nil
+}
+
+// stopEgress cuts the session's connections, closes its listener and takes
+// its final byte count into ses (the caller saves ses), and records where
+// the session's traffic went in the audit log.
+func (s *Server) stopEgress(ses *store.Session) {
+	if used, _, ok := s.egress.Usage(ses.ID); ok && used > ses.EgressBytesUsed {
+		ses.EgressBytesUsed = used
+	}
+	if dests := s.egress.Destinations(ses.ID); len(dests) > 0 {
+		s.sb.auditSystem("egress.summary", ses, map[string]any{"destinations": destinationList(dests)})
+	}
+	s.egress.Close(ses.ID)
+}
+
+// liveEgress refreshes ses's byte count from the proxy (the store lags by
+// up to egressPersistEvery).
+func (s *Server) liveEgress(ses *store.Session) {
+	if used, _, ok := s.egress.Usage(ses.ID); ok && used > ses.EgressBytesUsed {
+		ses.EgressBytesUsed = used
+	}
+}
+
+// persistEgress writes a running session's byte count if it grew.
+func (s *Server) persistEgress(ctx context.Context, ses *store.Session) {
+	used, _, ok := s.egress.Usage(ses.ID)
+	if !ok || used <= ses.EgressBytesUsed {
+		return
+	}
+	if err := s.db.SetEgressUsed(ctx, ses.ID, used); err != nil {
+		s.log.Error("persist egress usage", "session", ses.SessionID, "err", err)
+		return
+	}
+	ses.EgressBytesUsed = used
+}
+
+// destination is one host a session reached, for usage and the audit view.
+type destination struct {
+	Host        string `json:"host"`
+	Connections int64  `json:"connections"`
+	BytesOut    int64  `json:"bytesOut"`
+	BytesIn     int64  `json:"bytesIn"`
+}
+
+func destinationList(m map[string]egress.Dest) []destination {
+	out := make([]destination, 0, len(m))
+	for h, d := range m {
+		out = append(out, destination{Host: h, Connections: d.Connections, BytesOut: d.BytesOut, BytesIn: d.BytesIn})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Host < out[j].Host })
+	return out
+}
+
+// egressEvents turns the proxy's denials and quota cuts into session
+// events. Denials are rate limited per session (a loop of refused requests
+// must not flood the log); the number suppressed is reported with the next
+// one that passes.
+type egressEvents struct {
+	s  *Server
+	mu sync.Mutex
+	by map[string]*denialLimiter
+}
+
+type denialLimiter struct {
+	lim        *rate.Limiter
+	suppressed int
+}
+
+func newEgressEvents(s *Server) *egressEvents {
+	return &egressEvents{s: s, by: map[string]*denialLimiter{}}
+}
+
+func (e *egressEvents) Denied(sessionID, host string, port int, reason string) {
+	e.mu.Lock()
+	d := e.by[sessionID]
+	if d == nil {
+		d = &denialLimiter{lim: rate.NewLimiter(rate.Limit(5), 20)}
+		e.by[sessionID] = d
+	}
+	if !d.lim.Allow() {
+		d.suppressed++
+		e.mu.Unlock()
+		return
+	}
+	suppressed := d.suppressed
+	d.suppressed = 0
+	e.mu.Unlock()
+	fields := map[string]any{"host": host, "port": port, "reason": reason}
+	if suppressed > 0 {
+		fields["suppressedBefore"] = suppressed
+	}
+	e.s.event(&store.Session{ID: sessionID}, "egress_denied", fields)
+}
+
+func (e *egressEvents) QuotaExceeded(sessionID string, used, limit int64) {
+	e.s.event(&store.Session{ID: sessionID}, "quota_exceeded", map[string]any{"bytesUsed": used, "bytesLimit": limit})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := e.s.db.SetEgressUsed(ctx, sessionID, used); err != nil {
+		e.s.log.Error("persist egress usage", "err", err)
+	}
+}
+
+// forget drops a session's limiter when the session ends.
+func (e *egressEvents) forget(sessionID string) {
+	e.mu.Lock()
+	delete(e.by, sessionID)
+	e.mu.Unlock()
+}
+
+// saveEgress persists every running session's byte count (at shutdown).
+func (s *Server) saveEgress() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	sessions, err := s.db.ListLiveSessions(ctx)
+	if err != nil {
+		return
+	}
+	for i := range sessions {
+		s.persistEgress(ctx, &sessions[i])
+	}
+}
