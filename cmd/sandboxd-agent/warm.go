@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"slices"
@@ -67,6 +68,7 @@ type warmShell struct {
 	child  *child
 	names  []string // exported variable names after the profile ran
 	base   []string // the environment it was started with
+	prof   string   // profileStamp before its profile ran
 	memfd  *os.File // its fd 5, for the script
 	script *os.File // write end of its fd 3: one byte says the script is there
 	stdin  *os.File
@@ -246,6 +248,9 @@ func (p *pool) take(uid, gid uint32, env []string, cwd string) *warmShell {
 	}
 	var w *warmShell
 	var dead []*warmShell
+	// A shell whose profile files changed since it read them would miss
+	// what a cold login shell sees (an export appended to ~/.profile).
+	stamp := profileStamp(p.cfg.env)
 	for len(p.ready) > 0 && w == nil {
 		c := p.ready[0]
 		p.ready = p.ready[1:]
@@ -253,6 +258,10 @@ func (p *pool) take(uid, gid uint32, env []string, cwd string) *warmShell {
 		case <-c.child.done:
 			dead = append(dead, c)
 		default:
+			if c.prof != stamp {
+				dead = append(dead, c)
+				continue
+			}
 			w = c
 		}
 	}
@@ -263,6 +272,31 @@ func (p *pool) take(uid, gid uint32, env []string, cwd string) *warmShell {
 	}
 	p.fill()
 	return w
+}
+
+// profileStamp identifies the state of the files a login bash reads
+// (size and modification time of each), so that warm shells started
+// before one of them changed are not used.
+func profileStamp(env []string) string {
+	home, _ := lookupEnv(env, "HOME")
+	paths := []string{"/etc/profile", "/etc/bash.bashrc", "/etc/profile.d"}
+	if ents, err := os.ReadDir("/etc/profile.d"); err == nil {
+		for _, e := range ents {
+			paths = append(paths, "/etc/profile.d/"+e.Name())
+		}
+	}
+	if home != "" {
+		for _, f := range []string{".bash_profile", ".bash_login", ".profile", ".bashrc"} {
+			paths = append(paths, home+"/"+f)
+		}
+	}
+	var b strings.Builder
+	for _, p := range paths {
+		if fi, err := os.Stat(p); err == nil {
+			fmt.Fprintf(&b, "%s:%d:%d;", p, fi.Size(), fi.ModTime().UnixNano())
+		}
+	}
+	return b.String()
 }
 
 func sameStartup(base, req []string) bool {
@@ -405,7 +439,7 @@ func nextShellLevel(env map[string]string) int {
 // startWarm starts one warm shell and waits until its profile ran.
 func (s *server) startWarm(cfg *warmConfig) (_ *warmShell, err error) {
 	var toClose []*os.File // the child's ends, and ours on failure
-	w := &warmShell{base: cfg.env}
+	w := &warmShell{base: cfg.env, prof: profileStamp(cfg.env)}
 	defer func() {
 		for _, f := range toClose {
 			f.Close()
