@@ -269,7 +269,7 @@ func (p *Proxy) Usage(sessionID string) (used, limit int64, ok bool) {
 	if s == nil {
 		return 0, 0, false
 	}
-	return s.used.Load(), s.limit, true
+	return s.usedBytes(), s.limit, true
 }
 
 // Snapshot returns bytes used by every session Usage knows, for periodic
@@ -279,10 +279,10 @@ func (p *Proxy) Snapshot() map[string]int64 {
 	defer p.mu.Unlock()
 	out := make(map[string]int64, len(p.sessions)+len(p.done))
 	for id, s := range p.done {
-		out[id] = s.used.Load()
+		out[id] = s.usedBytes()
 	}
 	for id, s := range p.sessions {
-		out[id] = s.used.Load()
+		out[id] = s.usedBytes()
 	}
 	return out
 }
@@ -345,7 +345,7 @@ func (p *Proxy) refuseQuota(w http.ResponseWriter, r *http.Request, c *sessConn)
 	}
 	s.deny(cleanHost(host), port, ReasonQuota)
 	body := fmt.Sprintf("egress quota exceeded: this session has used %d of its %d bytes of network traffic; new connections are refused\n",
-		s.used.Load(), s.limit)
+		s.usedBytes(), s.limit)
 	if _, _, err := http.NewResponseController(w).Hijack(); err != nil {
 		return
 	}

@@ -2,6 +2,7 @@ package egress
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -67,6 +68,39 @@ func TestQuotaCutsLargeDownload(t *testing.T) {
 	}
 	checkCut(t, e, "s1", limit, 0)
 	checkRefused(t, e, c, fmt.Sprintf("http://allowed.test:%d/", pp), tlsURL)
+}
+
+// Far from the quota, tunnel downloads are spliced in the kernel; the cut
+// still lands exactly at the limit, and a download under it arrives whole.
+func TestQuotaSplicedDownload(t *testing.T) {
+	body := blob(24 << 20)
+	secure := newTLSUpstream(t, nil, blobHandler(body))
+	tp := portOf(t, secure.URL)
+	e := newEnv(t, testConfig(tp))
+	const limit = 40 << 20
+	c := client(e.serve("s1", 0, limit))
+	url := fmt.Sprintf("https://allowed.test:%d/big", tp)
+	resp, err := c.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || !bytes.Equal(got, body) {
+		t.Fatalf("first download: %d bytes, %v", len(got), err)
+	}
+	if used, _, _ := e.p.Usage("s1"); used < int64(len(body)) || used > int64(len(body))+64<<10 {
+		t.Fatalf("usage %d after a %d byte download", used, len(body))
+	}
+	// The second one crosses the limit.
+	if resp, err := c.Get(url); err == nil {
+		n, rerr := io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if rerr == nil {
+			t.Fatalf("second download of %d bytes completed past the quota", n)
+		}
+	}
+	checkCut(t, e, "s1", limit, 0)
 }
 
 // Keep-alive: the count spans requests on one connection.

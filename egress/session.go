@@ -34,11 +34,12 @@ const (
 
 // session is one Serve call: its quota, its connections and its counters.
 type session struct {
-	id    string
-	p     *Proxy
-	pol   *Policy
-	limit int64
-	used  atomic.Int64
+	id       string
+	p        *Proxy
+	pol      *Policy
+	limit    int64
+	used     atomic.Int64 // moved plus reserved (inflight)
+	inflight atomic.Int64
 	// exceeded is set once when used reaches limit (or at start when
 	// already there); it never clears.
 	exceeded atomic.Bool
@@ -115,6 +116,34 @@ func (s *session) budget(b []byte) ([]byte, error) {
 	return b, nil
 }
 
+// usedBytes is what the session has moved: used minus what is reserved
+// for splices in flight.
+func (s *session) usedBytes() int64 { return s.used.Load() - s.inflight.Load() }
+
+// reserve takes want bytes of the quota for a splice, but only while at
+// least margin bytes would remain after it (0: not now). Reservations so
+// never bring the remaining quota near zero: close to the limit every
+// byte goes through the exact copying path, and no connection is refused
+// for bytes another one only reserved. The caller settles with settle.
+func (s *session) reserve(want, margin int64) int64 {
+	for {
+		used := s.used.Load()
+		if s.limit-used-want < margin {
+			return 0
+		}
+		if s.used.CompareAndSwap(used, used+want) {
+			s.inflight.Add(want)
+			return want
+		}
+	}
+}
+
+// settle ends a reservation of r bytes of which n were moved.
+func (s *session) settle(r, n int64) {
+	s.used.Add(n - r)
+	s.inflight.Add(-r)
+}
+
 func (s *session) account(n int) {
 	if s.used.Add(int64(n)) >= s.limit {
 		s.exceed()
@@ -130,8 +159,8 @@ func (s *session) exceed() {
 	s.cut(false)
 	p := s.p
 	p.met.quota.Inc()
-	p.log.Info("egress quota exceeded", "session", s.id, "used", s.used.Load(), "limit", s.limit)
-	p.events.QuotaExceeded(s.id, s.used.Load(), s.limit)
+	p.log.Info("egress quota exceeded", "session", s.id, "used", s.usedBytes(), "limit", s.limit)
+	p.events.QuotaExceeded(s.id, s.usedBytes(), s.limit)
 }
 
 func (s *session) dest(host string) *destCounter {
@@ -222,6 +251,16 @@ func (c *sessConn) Write(b []byte) (int, error) {
 		err = ErrQuotaExceeded
 	}
 	return n, err
+}
+
+// countIn records n bytes written to the client outside Write (spliced;
+// the session's count is settled by the caller).
+func (c *sessConn) countIn(n int64) {
+	if d := c.dest.Load(); d != nil {
+		d.in.Add(n)
+	} else {
+		c.pendIn.Add(n)
+	}
 }
 
 // attach starts counting for d, giving it the bytes seen since the last

@@ -91,7 +91,7 @@ func (p *Proxy) connect(w http.ResponseWriter, r *http.Request, c *sessConn) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := t.pipe(c, tc); err != nil {
+			if err := t.pipeDown(c, tc); err != nil {
 				t.closeBoth()
 			} else {
 				closeWrite(c.Conn)
@@ -317,6 +317,61 @@ func (t *tunnel) pipe(dst io.Writer, src io.Reader) error {
 		if n > 0 {
 			t.touch()
 			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return werr
+			}
+		}
+		if rerr != nil {
+			if errors.Is(rerr, io.EOF) {
+				return nil
+			}
+			return rerr
+		}
+	}
+}
+
+// Splicing: spliceChunk is one kernel-to-kernel move of downstream bytes;
+// spliceMargin is how much quota must remain after a move for it to be
+// spliced rather than copied exactly (see session.reserve).
+const (
+	spliceChunk  = 256 << 10
+	spliceMargin = 4 << 20
+)
+
+// pipeDown copies upstream bytes to the client. Between two TCP sockets,
+// while the session is far from its quota, the kernel moves them (splice)
+// with no copy through user space; near the quota, and for other conns,
+// they take the exact copying path.
+func (t *tunnel) pipeDown(c *sessConn, up *trackedConn) error {
+	dst, ok1 := c.Conn.(*net.TCPConn)
+	src, ok2 := up.Conn.(*net.TCPConn)
+	if !ok1 || !ok2 || c.refusing {
+		return t.pipe(c, up)
+	}
+	bp := bufPool.Get().(*[]byte)
+	defer bufPool.Put(bp)
+	buf := *bp
+	lr := &io.LimitedReader{R: src}
+	for {
+		if want := c.s.reserve(spliceChunk, spliceMargin); want > 0 {
+			lr.N = want
+			n, err := dst.ReadFrom(lr)
+			c.s.settle(want, n)
+			if n > 0 {
+				t.touch()
+				c.countIn(n)
+			}
+			if err != nil {
+				return err
+			}
+			if n < want && lr.N > 0 { // src reached EOF
+				return nil
+			}
+			continue
+		}
+		n, rerr := up.Read(buf)
+		if n > 0 {
+			t.touch()
+			if _, werr := c.Write(buf[:n]); werr != nil {
 				return werr
 			}
 		}
