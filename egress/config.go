@@ -31,6 +31,13 @@ var defaultPorts = []int{443, 80}
 type Config struct {
 	// Allowlist is every destination a sandbox may reach; empty means none.
 	Allowlist []Rule `yaml:"allowlist"`
+	// Optional are destinations the operator allows only for projects that
+	// ask for them in Projects; no session reaches them otherwise.
+	Optional []Rule `yaml:"optional"`
+	// Projects gives a project (by id) its own allowlist in place of
+	// Allowlist: it may narrow Allowlist or extend it within Optional,
+	// never beyond the two (the intersection with their union is kept).
+	Projects map[string][]Rule `yaml:"projects"`
 	// AllowNetworks are CIDRs the dialer may reach although they are
 	// loopback, private, link-local or otherwise reserved. Empty in
 	// production; tests use 127.0.0.0/8 for upstreams on loopback.

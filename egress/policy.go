@@ -38,6 +38,16 @@ type Policy struct {
 	rules    []normRule
 	allowNet []netip.Prefix
 	cfg      Config // timeouts; Allowlist/AllowNetworks as given
+	projects map[string]*Policy
+}
+
+// ForProject is the policy of a session of project id: the project's own
+// allowlist from Config.Projects if it has one, else p itself.
+func (p *Policy) ForProject(id string) *Policy {
+	if pp, ok := p.projects[id]; ok {
+		return pp
+	}
+	return p
 }
 
 // NewPolicy validates c (as LoadConfig does; zero durations take defaults)
@@ -68,6 +78,28 @@ func compile(c *Config) (*Policy, error) {
 		return nil, err
 	}
 	p.allowNet = nets
+	if len(c.Optional) > 0 || len(c.Projects) > 0 {
+		// What a project may ask for: Allowlist plus Optional.
+		ceil := *c
+		ceil.Allowlist = append(append([]Rule(nil), c.Allowlist...), c.Optional...)
+		ceil.Optional, ceil.Projects = nil, nil
+		cp, err := compile(&ceil)
+		if err != nil {
+			return nil, fmt.Errorf("egress config: optional: %w", err)
+		}
+		p.projects = map[string]*Policy{}
+		for id, rules := range c.Projects {
+			if id == "" {
+				return nil, errors.New("egress config: projects: empty project id")
+			}
+			np, err := cp.Narrow(rules)
+			if err != nil {
+				return nil, fmt.Errorf("egress config: projects[%s]: %w", id, err)
+			}
+			np.cfg.Optional, np.cfg.Projects = nil, nil
+			p.projects[id] = np
+		}
+	}
 	return p, nil
 }
 

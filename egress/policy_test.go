@@ -134,3 +134,44 @@ func TestNarrow(t *testing.T) {
 		t.Error("invalid project rule accepted")
 	}
 }
+
+func TestProjectPolicies(t *testing.T) {
+	c := &Config{
+		Allowlist: []Rule{{Host: "pypi.org"}, {Host: "*.npmjs.org", Ports: []int{443}}},
+		Optional:  []Rule{{Host: "api.example.com", Ports: []int{443}}},
+		Projects: map[string][]Rule{
+			"narrow": {{Host: "pypi.org", Ports: []int{443}}},
+			"extend": {{Host: "pypi.org"}, {Host: "api.example.com"}, {Host: "evil.example"}},
+			"none":   {},
+		},
+	}
+	p, err := NewPolicy(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		project, host string
+		port          int
+		want          bool
+	}{
+		{"other", "pypi.org", 80, true},
+		{"other", "registry.npmjs.org", 443, true},
+		{"other", "api.example.com", 443, false}, // optional: only for projects asking
+		{"narrow", "pypi.org", 443, true},
+		{"narrow", "pypi.org", 80, false},
+		{"narrow", "registry.npmjs.org", 443, false},
+		{"extend", "api.example.com", 443, true},
+		{"extend", "api.example.com", 80, false}, // the operator allows 443 only
+		{"extend", "evil.example", 443, false},   // beyond allowlist+optional
+		{"extend", "pypi.org", 443, true},
+		{"none", "pypi.org", 443, false},
+	}
+	for _, tc := range cases {
+		if _, ok, _ := p.ForProject(tc.project).Decide(tc.host, tc.port); ok != tc.want {
+			t.Errorf("project %s: %s:%d allowed=%v, want %v", tc.project, tc.host, tc.port, ok, tc.want)
+		}
+	}
+	if _, err := NewPolicy(&Config{Projects: map[string][]Rule{"p": {{Host: "bad host"}}}}); err == nil {
+		t.Error("an invalid project rule was accepted")
+	}
+}

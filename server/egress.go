@@ -16,7 +16,7 @@ import (
 // Egress is what the server needs from the egress proxy (egress.Proxy): one
 // listener per running session, inside that sandbox's proxy namespace.
 type Egress interface {
-	Serve(l net.Listener, sessionID string, used, limit int64) error
+	ServeWithPolicy(l net.Listener, sessionID string, pol *egress.Policy, used, limit int64) error
 	Close(sessionID string)
 	Usage(sessionID string) (used, limit int64, ok bool)
 	Destinations(sessionID string) map[string]egress.Dest
@@ -36,7 +36,9 @@ func (s *Server) startEgress(ses *store.Session) error {
 		return err
 	}
 	go func() {
-		if err := s.egress.Serve(l, ses.ID, ses.EgressBytesUsed, ses.EgressBytesLimit); err != nil {
+		// The project's own allowlist, if the operator gave it one.
+		pol := s.egressPolicy.ForProject(ses.ProjectID)
+		if err := s.egress.ServeWithPolicy(l, ses.ID, pol, ses.EgressBytesUsed, ses.EgressBytesLimit); err != nil {
 			s.log.Debug("egress listener ended", "session", ses.SessionID, "err", err)
 		}
 	}()

@@ -431,5 +431,18 @@ print(hashlib.sha256(urllib.request.urlopen(sys.argv[1], context=ctx).read()).he
 		if !strings.Contains(r.Stdout, "quota") {
 			t.Fatalf("quota after restart: %+v", r)
 		}
+
+		// A project's own allowlist (operator config) narrows what its
+		// sessions reach: here plain HTTP to the test host only.
+		proj := h2.get("eg1").ProjectID
+		h2.close()
+		ec := *cfg.Egress
+		ec.Projects = map[string][]egress.Rule{proj: {egressRule("pkgs."+testDomain, u.httpPort)}}
+		cfg.Egress = &ec
+		h3 := startServer(t, cfg)
+		r = h3.sh("eg1", "curl -sSf -m 20 "+pkgs("http", u.httpPort, "/small")+"; echo; curl -sSf -m 20 --cacert /tmp/ca.pem "+pkgs("https", u.tlsPort, "/small")+"; echo rc=$?")
+		if !strings.Contains(r.Stdout, "hello from upstream") || !strings.Contains(r.Stdout, "rc=56") && !strings.Contains(r.Stdout, "rc=22") {
+			t.Fatalf("project allowlist: %+v", r)
+		}
 	})
 }

@@ -63,6 +63,7 @@ type Server struct {
 	logs   *logs
 
 	egress       Egress
+	egressPolicy *egress.Policy
 	egressEvents *egressEvents
 }
 
@@ -173,6 +174,7 @@ func newServer(cfg *Config, db *store.DB, rt Runtime, img string, log *slog.Logg
 	s.tix = newTickets()
 	s.logs = newLogs()
 	s.egressEvents = newEgressEvents(s)
+	s.egressPolicy = pol
 	s.egress = egress.New(pol, egress.Options{Events: s.egressEvents, Registerer: s.met.reg, Resolver: cfg.EgressResolver, Logger: s.log.With("component", "egress")})
 	s.sb = newManager(s)
 	s.engine = s.routes()
