@@ -10,6 +10,7 @@ type metrics struct {
 	denied  *prometheus.CounterVec
 	allowed prometheus.Counter
 	quota   prometheus.Counter
+	bytes   prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -26,8 +27,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "sandboxd_egress_quota_exceeded_total",
 			Help: "Sessions cut off because their egress byte quota was used up.",
 		}),
+		bytes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sandboxd_egress_bytes_total",
+			Help: "Bytes moved through egress proxies, both directions, all sessions (what quotas count).",
+		}),
 	}
 	if reg != nil {
+		m.bytes = register(reg, m.bytes)
 		m.denied = register(reg, m.denied)
 		m.allowed = register(reg, m.allowed)
 		m.quota = register(reg, m.quota)

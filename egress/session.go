@@ -142,9 +142,11 @@ func (s *session) reserve(want, margin int64) int64 {
 func (s *session) settle(r, n int64) {
 	s.used.Add(n - r)
 	s.inflight.Add(-r)
+	s.p.met.bytes.Add(float64(n))
 }
 
 func (s *session) account(n int) {
+	s.p.met.bytes.Add(float64(n))
 	if s.used.Add(int64(n)) >= s.limit {
 		s.exceed()
 	}

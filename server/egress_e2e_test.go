@@ -13,6 +13,7 @@ import (
 	"encoding/hex"
 	"encoding/pem"
 	"fmt"
+	"io"
 	"math/big"
 	"net"
 	"net/http"
@@ -289,6 +290,20 @@ print(hashlib.sha256(urllib.request.urlopen(sys.argv[1], context=ctx).read()).he
 				t.Fatalf("no egress_denied event: %s", h.logsText("eg1"))
 			}
 			time.Sleep(100 * time.Millisecond)
+		}
+	})
+
+	t.Run("metrics count bytes and denials", func(t *testing.T) {
+		resp, err := http.Get(h.ts.URL + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		m := string(b)
+		if !strings.Contains(m, `sandboxd_egress_denied_total{reason="not_allowlisted"}`) || !strings.Contains(m, "sandboxd_egress_bytes_total ") ||
+			strings.Contains(m, "sandboxd_egress_bytes_total 0\n") {
+			t.Fatalf("metrics:\n%s", m)
 		}
 	})
 
