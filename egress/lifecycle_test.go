@@ -14,6 +14,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -308,5 +309,71 @@ func TestGitClient(t *testing.T) {
 	}
 	if d := e.events.denials(); len(d) != 0 {
 		t.Errorf("denials: %+v", d)
+	}
+}
+
+// A sandbox opening connections in a loop gets at most MaxConnsPerSession
+// of them (the rest are closed at once); other sessions are unaffected, and
+// closing them frees the slots.
+func TestConnectionLimits(t *testing.T) {
+	up := newHTTPUpstream(t, nil, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	pp := portOf(t, up.URL)
+	e := newEnv(t, testConfig(pp))
+	e.p.maxPerSess = 20
+	a := e.serve("a", 0, 1<<30)
+	b := e.serve("b", 0, 1<<30)
+	var held []net.Conn
+	defer func() {
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	for i := 0; i < 40; i++ {
+		c, err := net.Dial("tcp", a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+	}
+	// A connection over the limit is closed by the proxy at once: a read
+	// sees EOF; the others wait for a request (well within HeaderTimeout).
+	var open atomic.Int32
+	var wg sync.WaitGroup
+	for _, c := range held {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+			if _, err := c.Read(make([]byte, 1)); errors.Is(err, os.ErrDeadlineExceeded) {
+				open.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if open.Load() != 20 {
+		t.Fatalf("%d connections stayed open, want 20", open.Load())
+	}
+	e.events.waitDenied(t, ReasonTooManyConns)
+	url := fmt.Sprintf("http://allowed.test:%d/", pp)
+	if code, body, _ := get(t, client(b), url); code != 200 || body != "ok" {
+		t.Fatalf("other session: %d %q", code, body)
+	}
+	for _, c := range held {
+		c.Close()
+	}
+	held = nil
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		code, _, _ := get(t, client(a), url)
+		if code == 200 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("slots not freed after the connections closed")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := e.p.clients.Load(); n > 2 {
+		t.Errorf("%d client connections counted after closing", n)
 	}
 }

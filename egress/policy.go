@@ -28,6 +28,7 @@ const (
 	ReasonScheme           = "unsupported_scheme"      // plain request for other than http:// (use CONNECT)
 	ReasonNotProxyRequest  = "not_proxy_request"       // origin-form request to the proxy itself
 	ReasonQuota            = "quota_exceeded"          // the session's byte quota is used up
+	ReasonTooManyConns     = "too_many_connections"    // the session (or the proxy) has its maximum open
 )
 
 // Policy decides which destinations are allowed. It is immutable and safe

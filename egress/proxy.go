@@ -11,6 +11,8 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/elazarl/goproxy"
@@ -39,6 +41,26 @@ type Options struct {
 	Resolver   Resolver              // nil: net.DefaultResolver (tests inject names -> loopback)
 	// DialTimeout overrides the policy's DialTimeout when > 0.
 	DialTimeout time.Duration
+	// MaxConnsPerSession bounds a session's open client connections
+	// (default 256); MaxConns bounds them over all sessions (default: a
+	// third of the process's open-file limit, each proxied connection
+	// holding two descriptors, so a sandbox opening connections in a loop
+	// cannot starve the server of file descriptors). Connections past a
+	// limit are closed at once and reported as denied (too_many_connections).
+	MaxConnsPerSession int
+	MaxConns           int
+}
+
+const defaultMaxConnsPerSession = 256
+
+// defaultMaxConns is a third of RLIMIT_NOFILE's soft limit (64 if unknown),
+// leaving the rest for the API, SQLite and sandboxes.
+func defaultMaxConns() int64 {
+	var rl syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil || rl.Cur < 192 {
+		return 64
+	}
+	return int64(rl.Cur / 3)
 }
 
 // ErrClosed is returned by Serve after Shutdown.
@@ -58,6 +80,9 @@ type Proxy struct {
 	resolver    Resolver
 	dialTimeout time.Duration
 	gp          *goproxy.ProxyHttpServer
+	maxPerSess  int
+	maxConns    int64
+	clients     atomic.Int64 // open client connections, all sessions
 
 	mu        sync.Mutex
 	shut      bool
@@ -88,6 +113,14 @@ func New(pol *Policy, opts Options) *Proxy {
 		dialTimeout: opts.DialTimeout,
 		sessions:    map[string]*session{},
 		done:        map[string]*session{},
+		maxPerSess:  opts.MaxConnsPerSession,
+		maxConns:    int64(opts.MaxConns),
+	}
+	if p.maxPerSess <= 0 {
+		p.maxPerSess = defaultMaxConnsPerSession
+	}
+	if p.maxConns <= 0 {
+		p.maxConns = defaultMaxConns()
 	}
 	if p.events == nil {
 		p.events = noEvents{}

@@ -48,10 +48,11 @@ type session struct {
 	srv  *http.Server
 	tr   *http.Transport
 
-	mu     sync.Mutex
-	closed bool
-	conns  map[io.Closer]struct{} // client conns and upstream conns
-	dests  map[string]*destCounter
+	mu       sync.Mutex
+	closed   bool
+	conns    map[io.Closer]struct{} // client conns and upstream conns
+	nclients int                    // client conns in conns
+	dests    map[string]*destCounter
 }
 
 func newSession(p *Proxy, id string, pol *Policy, used, limit int64) *session {
@@ -283,6 +284,10 @@ func (c *sessConn) Close() error {
 	c.closeOnce.Do(func() {
 		c.closeErr = c.Conn.Close()
 		c.s.untrack(c)
+		c.s.mu.Lock()
+		c.s.nclients--
+		c.s.mu.Unlock()
+		c.s.p.clients.Add(-1)
 	})
 	return c.closeErr
 }
@@ -344,10 +349,18 @@ func (l *sessListener) Accept() (net.Conn, error) {
 			_ = c.Close()
 			continue // the listener is being closed too
 		}
+		if s.nclients >= s.p.maxPerSess || s.p.clients.Load() >= s.p.maxConns {
+			s.mu.Unlock()
+			_ = c.Close()
+			s.deny("", 0, ReasonTooManyConns)
+			continue
+		}
 		// Decided under the lock that exceed's cut also takes: either this
 		// conn refuses, or the cut sees it.
 		sc.refusing = s.exceeded.Load()
 		s.conns[sc] = struct{}{}
+		s.nclients++
+		s.p.clients.Add(1)
 		s.mu.Unlock()
 		return sc, nil
 	}

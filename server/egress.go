@@ -53,7 +53,13 @@ func (s *Server) stopEgress(ses *store.Session) {
 		ses.EgressBytesUsed = used
 	}
 	if dests := s.egress.Destinations(ses.ID); len(dests) > 0 {
-		s.sb.auditSystem("egress.summary", ses, map[string]any{"destinations": destinationList(dests)})
+		// Host names are the sandbox's choice: one may carry a secret.
+		list := destinationList(dests)
+		set := s.sessionScrubber(ses.ID)
+		for i := range list {
+			list[i].Host = string(set.Redact([]byte(list[i].Host)))
+		}
+		s.sb.auditSystem("egress.summary", ses, map[string]any{"destinations": list})
 	}
 	s.egress.Close(ses.ID)
 }

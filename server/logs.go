@@ -141,12 +141,7 @@ func (s *Server) addLog(ses *store.Session, e logEntry) {
 	if err != nil {
 		return
 	}
-	set, ok := s.scrub.cached(ses.ID)
-	if !ok { // first use (or a session without secrets): read them once
-		secrets, _ := s.db.Secrets(context.Background(), ses.ID)
-		set = s.scrub.forSession(ses.ID, secrets)
-	}
-	b = set.Redact(b)
+	b = s.sessionScrubber(ses.ID).Redact(b)
 	s.sessionLog(ses.ID).add(b)
 	if e["type"] == "event" {
 		s.db.AppendEvent(ses.ID, b)

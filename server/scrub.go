@@ -56,6 +56,16 @@ func (s *scrubbers) forSession(pk string, secrets map[string]string) *scrub.Set 
 }
 
 // cached returns a session's compiled scrubber if one was built.
+// sessionScrubber is the session's scrubber (its secrets plus the rules),
+// reading the secrets from the store on first use.
+func (s *Server) sessionScrubber(pk string) *scrub.Set {
+	if set, ok := s.scrub.cached(pk); ok {
+		return set
+	}
+	secrets, _ := s.db.Secrets(context.Background(), pk)
+	return s.scrub.forSession(pk, secrets)
+}
+
 func (s *scrubbers) cached(pk string) (*scrub.Set, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -216,7 +216,8 @@ type encoding struct {
 	b64 byte
 }
 
-// encodings lists the literals that reveal v: v itself; hex (lower,
+// encodings lists the literals that reveal v: v itself and its lower- and
+// upper-case forms (hosts and many tools change case); hex (lower,
 // upper); URL query and path escaping; JSON string escaping (with and
 // without HTML escapes), Go %q and shell escaping (backslash and
 // single-quote styles); base64 std and URL alphabets; for multi-line
@@ -238,6 +239,8 @@ func encodings(v string) []encoding {
 		}
 	}
 	add(v, 0)
+	add(strings.ToLower(v), 0)
+	add(strings.ToUpper(v), 0)
 	add(hex.EncodeToString([]byte(v)), 0)
 	add(strings.ToUpper(hex.EncodeToString([]byte(v))), 0)
 	add(url.QueryEscape(v), 0)

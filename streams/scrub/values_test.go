@@ -117,6 +117,8 @@ func TestValueEncodings(t *testing.T) {
 			"GET /login?pw="+url.QueryEscape(v)+"&next="+url.PathEscape(v),
 			"shell: "+shellBackslash(v)+" and '"+strings.ReplaceAll(v, "'", `'\''`)+"'",
 			"go: "+strconv.Quote(v),
+			"host "+strings.ToLower(v)+".example.com", // a host name, lowercased by a proxy
+			"UPPER "+strings.ToUpper(v),
 		)
 		j, _ := json.Marshal(map[string]string{"token": v})
 		cases = append(cases, string(j))
