@@ -25,6 +25,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Config locates runsc and the state a Runtime keeps.
@@ -154,4 +156,21 @@ func (e *runscError) Unwrap() error { return e.err }
 func (e *runscError) notFound() bool {
 	return strings.Contains(e.msg, "does not exist") || strings.Contains(e.msg, "not found") ||
 		strings.Contains(e.msg, "no such file")
+}
+
+// ReleaseIdle undoes what runsc keeps for running sandboxes when none is
+// left: the "null-netns" bind mount it pins in its state root. Called when
+// the server stops, so an idle data dir holds no mount.
+func (r *Runtime) ReleaseIdle() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if sts, err := r.List(ctx); err != nil || len(sts) > 0 {
+		return
+	}
+	p := filepath.Join(r.cfg.StateDir, "runsc", "null-netns")
+	if isMountPoint(p) {
+		if err := unix.Unmount(p, unix.MNT_DETACH); err != nil {
+			r.log.Warn("unmount runsc null-netns", "err", err)
+		}
+	}
 }

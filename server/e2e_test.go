@@ -641,3 +641,34 @@ func TestRealTwoServersSideBySide(t *testing.T) {
 		t.Fatalf("b after a's delete: %+v", r)
 	}
 }
+
+// One server per data dir: a second one on the same dir refuses to start
+// (it would reconcile the first one's sandboxes away), and stopping the
+// first leaves no mount behind.
+func TestRealDataDirLock(t *testing.T) {
+	cfg := realConfig(t)
+	h := startServer(t, cfg)
+	h.provision("lock1", "test-tiny")
+	if s2, err := New(context.Background(), cfg, io.Discard); err == nil || !strings.Contains(err.Error(), "in use") {
+		if s2 != nil {
+			s2.Close()
+		}
+		t.Fatalf("second server on the same data dir: %v", err)
+	}
+	if o := h.get("lock1"); o.Status != "running" {
+		t.Fatalf("first server's session: %+v", o)
+	}
+	if code, b := h.call(h.token, "DELETE", "/v1/sandbox/lock1", nil); code != http.StatusNoContent && code != http.StatusOK {
+		t.Fatalf("delete: %d %s", code, b)
+	}
+	h.close()
+	mi, _ := os.ReadFile("/proc/self/mountinfo")
+	if strings.Contains(string(mi), cfg.DataDir+"/") {
+		t.Fatalf("mounts left under %s after the server stopped", cfg.DataDir)
+	}
+	s2, err := New(context.Background(), cfg, io.Discard)
+	if err != nil {
+		t.Fatalf("after the first stopped: %v", err)
+	}
+	s2.Close()
+}

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/gin-gonic/gin"
+	"golang.org/x/sys/unix"
 
 	"sandboxd/egress"
 	"sandboxd/runsc"
@@ -61,6 +62,8 @@ type Server struct {
 	terms  *terminals
 	tix    *tickets
 	logs   *logs
+
+	lock *os.File // flock on <data-dir>/sandboxd.lock while this server runs
 
 	egress       Egress
 	egressPolicy *egress.Policy
@@ -105,8 +108,15 @@ func New(ctx context.Context, cfg *Config, out io.Writer) (*Server, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("data dir: %w", err)
 	}
+	// One server per data dir: a second one would reconcile (and undo)
+	// the first one's sandboxes.
+	lock, err := lockDataDir(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
 	db, err := store.Open(DBPath(cfg.DataDir))
 	if err != nil {
+		lock.Close()
 		return nil, err
 	}
 	db.OnError = func(err error) { log.Error("store", "err", err) }
@@ -114,6 +124,7 @@ func New(ctx context.Context, cfg *Config, out io.Writer) (*Server, error) {
 	defer func() {
 		if !ok {
 			db.Close()
+			lock.Close()
 		}
 	}()
 	if err := bootstrap(ctx, db, cfg.DataDir, out); err != nil {
@@ -157,6 +168,7 @@ func New(ctx context.Context, cfg *Config, out io.Writer) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.lock = lock
 	ok = true
 	return s, nil
 }
@@ -218,9 +230,35 @@ func (s *Server) Start(ctx context.Context) error {
 func (s *Server) Close() error {
 	s.sb.stop()
 	s.terms.shutdown()
-	s.saveEgress()
+	// Shutdown first: it ends every tunnel, so bytes in flight are
+	// counted before the counts are saved.
 	s.egress.Shutdown()
-	return s.db.Close()
+	s.saveEgress()
+	err := s.db.Close()
+	if r, ok := s.rt.(interface{ ReleaseIdle() }); ok {
+		r.ReleaseIdle()
+	}
+	if s.lock != nil {
+		s.lock.Close()
+	}
+	return err
+}
+
+// lockDataDir takes an exclusive lock on <dir>/sandboxd.lock, held until
+// the file is closed (or the process ends).
+func lockDataDir(dir string) (*os.File, error) {
+	f, err := os.OpenFile(filepath.Join(dir, "sandboxd.lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("data dir lock: %w", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("data dir %s is in use by another sandboxd", dir)
+		}
+		return nil, fmt.Errorf("data dir lock: %w", err)
+	}
+	return f, nil
 }
 
 // Run serves until ctx is done, then shuts down gracefully.
@@ -229,12 +267,15 @@ func Run(ctx context.Context, cfg *Config, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if err := s.Start(ctx); err != nil {
+	// Bind before reconciling: a busy address fails before anything is
+	// touched.
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
 		s.Close()
 		return err
 	}
-	ln, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
+	if err := s.Start(ctx); err != nil {
+		ln.Close()
 		s.Close()
 		return err
 	}
