@@ -6,41 +6,20 @@ import (
 	"io"
 	"net"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 )
 
 // sourceServer sends size bytes on every connection, then closes it.
 func sourceServer(b *testing.B, size int) net.Listener {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
 	chunk := blob(64 << 10)
-	var wg sync.WaitGroup
-	b.Cleanup(func() { l.Close(); wg.Wait() })
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := l.Accept()
-			if err != nil {
+	return tcpServer(b, func(c net.Conn) {
+		for left := size; left > 0; left -= len(chunk) {
+			if _, err := c.Write(chunk[:min(left, len(chunk))]); err != nil {
 				return
 			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer c.Close()
-				for left := size; left > 0; left -= len(chunk) {
-					if _, err := c.Write(chunk[:min(left, len(chunk))]); err != nil {
-						return
-					}
-				}
-			}()
 		}
-	}()
-	return l
+	})
 }
 
 func connectVia(b *testing.B, proxyAddr, target string) net.Conn {

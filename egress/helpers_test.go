@@ -368,6 +368,13 @@ func (c *bufConn) Read(b []byte) (int, error) { return c.br.Read(b) }
 // echoServer echoes every connection until EOF.
 func echoServer(t testing.TB) net.Listener {
 	t.Helper()
+	return tcpServer(t, func(c net.Conn) { _, _ = io.Copy(c, c) })
+}
+
+// tcpServer accepts on loopback and runs handle for each connection (then
+// closes it) until the test ends.
+func tcpServer(t testing.TB, handle func(net.Conn)) net.Listener {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -386,7 +393,7 @@ func echoServer(t testing.TB) net.Listener {
 			go func() {
 				defer wg.Done()
 				defer c.Close()
-				_, _ = io.Copy(c, c)
+				handle(c)
 			}()
 		}
 	}()

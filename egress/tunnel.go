@@ -313,20 +313,29 @@ func (t *tunnel) pipe(dst io.Writer, src io.Reader) error {
 	defer bufPool.Put(bp)
 	buf := *bp
 	for {
-		n, rerr := src.Read(buf)
-		if n > 0 {
-			t.touch()
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				return werr
-			}
-		}
-		if rerr != nil {
-			if errors.Is(rerr, io.EOF) {
-				return nil
-			}
-			return rerr
+		if done, err := t.copyStep(dst, src, buf); done {
+			return err
 		}
 	}
+}
+
+// copyStep moves what one read of src gives to dst; done at EOF (nil) or
+// on an error.
+func (t *tunnel) copyStep(dst io.Writer, src io.Reader, buf []byte) (done bool, err error) {
+	n, rerr := src.Read(buf)
+	if n > 0 {
+		t.touch()
+		if _, werr := dst.Write(buf[:n]); werr != nil {
+			return true, werr
+		}
+	}
+	if rerr != nil {
+		if errors.Is(rerr, io.EOF) {
+			return true, nil
+		}
+		return true, rerr
+	}
+	return false, nil
 }
 
 // Splicing: spliceChunk is one kernel-to-kernel move of downstream bytes;
@@ -368,18 +377,8 @@ func (t *tunnel) pipeDown(c *sessConn, up *trackedConn) error {
 			}
 			continue
 		}
-		n, rerr := up.Read(buf)
-		if n > 0 {
-			t.touch()
-			if _, werr := c.Write(buf[:n]); werr != nil {
-				return werr
-			}
-		}
-		if rerr != nil {
-			if errors.Is(rerr, io.EOF) {
-				return nil
-			}
-			return rerr
+		if done, err := t.copyStep(c, up, buf); done {
+			return err
 		}
 	}
 }
