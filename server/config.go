@@ -111,9 +111,6 @@ func LoadConfig(flags Overrides) (*Config, error) {
 	} else {
 		c.Egress = egress.DefaultConfig()
 	}
-	if _, err := egress.NewPolicy(c.Egress); err != nil {
-		return nil, fmt.Errorf("egress: %w", err)
-	}
 	if err := c.validate(); err != nil {
 		return nil, err
 	}

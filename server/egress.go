@@ -23,11 +23,6 @@ type Egress interface {
 	Shutdown()
 }
 
-// egressPersistEvery: how often a running session's egress byte count is
-// written to the store (a crash loses at most this much counting; the
-// proxy keeps enforcing the limit meanwhile).
-const egressPersistEvery = 5 * time.Second
-
 // startEgress opens the session's proxy listener and serves it. Called when
 // a sandbox starts and, after a restart, for each sandbox still running.
 func (s *Server) startEgress(ses *store.Session) error {
@@ -49,9 +44,7 @@ func (s *Server) startEgress(ses *store.Session) error {
 // its final byte count into ses (the caller saves ses), and records where
 // the session's traffic went in the audit log.
 func (s *Server) stopEgress(ses *store.Session) {
-	if used, _, ok := s.egress.Usage(ses.ID); ok && used > ses.EgressBytesUsed {
-		ses.EgressBytesUsed = used
-	}
+	s.liveEgress(ses)
 	if dests := s.egress.Destinations(ses.ID); len(dests) > 0 {
 		// Host names are the sandbox's choice: one may carry a secret.
 		list := destinationList(dests)
@@ -62,17 +55,19 @@ func (s *Server) stopEgress(ses *store.Session) {
 		s.sb.auditSystem("egress.summary", ses, map[string]any{"destinations": list})
 	}
 	s.egress.Close(ses.ID)
+	s.egressEvents.forget(ses.ID)
 }
 
 // liveEgress refreshes ses's byte count from the proxy (the store lags by
-// up to egressPersistEvery).
+// up to the monitor's period, 5 s, see persistEgress).
 func (s *Server) liveEgress(ses *store.Session) {
 	if used, _, ok := s.egress.Usage(ses.ID); ok && used > ses.EgressBytesUsed {
 		ses.EgressBytesUsed = used
 	}
 }
 
-// persistEgress writes a running session's byte count if it grew.
+// persistEgress writes a running session's byte count if it grew (from the
+// monitor's sweep, at shutdown, and at teardown through the session row).
 func (s *Server) persistEgress(ctx context.Context, ses *store.Session) {
 	used, _, ok := s.egress.Usage(ses.ID)
 	if !ok || used <= ses.EgressBytesUsed {

@@ -222,24 +222,27 @@ func (m *manager) provision(ctx context.Context, ses *store.Session, size Size) 
 	// runs to completion (or full undo) on its own context.
 	cctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if err := m.s.rt.Create(cctx, sb); err != nil {
+	created := false
+	fail := func(err error) error {
 		m.s.log.Error("provision failed", "session", ses.SessionID, "container", ses.ContainerID, "err", err)
+		if created {
+			m.s.egress.Close(ses.ID)
+			m.s.rt.Destroy(context.Background(), ses.ContainerID, false)
+		}
 		if derr := m.s.db.DeleteSessionRow(context.Background(), ses.ID); derr != nil {
 			m.s.log.Error("undo session row", "session", ses.SessionID, "err", derr)
 		}
 		return apiErr(http.StatusServiceUnavailable, "unavailable", "the sandbox could not be started; nothing was kept, retry with the same sessionId")
 	}
+	if err := m.s.rt.Create(cctx, sb); err != nil {
+		return fail(err) // Create undid itself
+	}
+	created = true
 	if err := m.s.startEgress(ses); err != nil {
-		m.s.log.Error("provision: egress listener", "session", ses.SessionID, "err", err)
-		m.s.rt.Destroy(context.Background(), ses.ContainerID, false)
-		m.s.db.DeleteSessionRow(context.Background(), ses.ID)
-		return apiErr(http.StatusServiceUnavailable, "unavailable", "the sandbox could not be started; nothing was kept, retry with the same sessionId")
+		return fail(fmt.Errorf("egress listener: %w", err))
 	}
 	if err := m.setStatus(context.Background(), ses, store.StatusRunning, ""); err != nil {
-		m.s.egress.Close(ses.ID)
-		m.s.rt.Destroy(context.Background(), ses.ContainerID, false)
-		m.s.db.DeleteSessionRow(context.Background(), ses.ID)
-		return err
+		return fail(err)
 	}
 	m.s.event(ses, "started", map[string]any{"size": ses.Size})
 	m.s.startKernelLog(ses)
@@ -294,8 +297,9 @@ func (m *manager) remove(ctx context.Context, ses *store.Session) error {
 	}
 	m.s.terms.closeSession(ses.ID)
 	m.s.stopKernelLog(ses.ID)
-	m.s.stopEgress(ses)
-	m.s.egressEvents.forget(ses.ID)
+	if ses.Status == store.StatusRunning || ses.Status == store.StatusStopping {
+		m.s.stopEgress(ses) // teardown and markDead did it for the others
+	}
 	if err := m.s.rt.Destroy(context.Background(), ses.ContainerID, false); err != nil {
 		m.s.log.Error("delete", "session", ses.SessionID, "err", err)
 		return apiErr(http.StatusServiceUnavailable, "unavailable", "the sandbox could not be removed completely; retry the delete")

@@ -55,7 +55,6 @@ func (s *scrubbers) forSession(pk string, secrets map[string]string) *scrub.Set 
 	return set
 }
 
-// cached returns a session's compiled scrubber if one was built.
 // sessionScrubber is the session's scrubber (its secrets plus the rules),
 // reading the secrets from the store on first use.
 func (s *Server) sessionScrubber(pk string) *scrub.Set {
@@ -66,6 +65,7 @@ func (s *Server) sessionScrubber(pk string) *scrub.Set {
 	return s.scrub.forSession(pk, secrets)
 }
 
+// cached returns a session's compiled scrubber if one was built.
 func (s *scrubbers) cached(pk string) (*scrub.Set, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
