@@ -1,7 +1,6 @@
 package runsc
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -21,10 +20,24 @@ const netnsDir = "/var/run/netns"
 func netnsPath(name string) string { return filepath.Join(netnsDir, name) }
 
 // createNetns makes a named, empty network namespace (only a loopback
-// device, so no route anywhere). The calling thread enters the new namespace
-// to create it; it is switched back, and if that fails the thread is thrown
-// away with its goroutine instead of being reused.
+// device, so no route anywhere).
 func createNetns(name string) error {
+	// NewNamed creates the namespace and moves the thread into it.
+	err := inNetns(func() (netns.NsHandle, error) { return netns.NewNamed(name) },
+		// gVisor's netstack takes over the namespace's interfaces:
+		// loopback must be up for 127.0.0.1 to work inside.
+		loopbackUp)
+	if err != nil {
+		deleteNetns(name)
+		return fmt.Errorf("create netns: %w", err)
+	}
+	return nil
+}
+
+// inNetns runs fn on an OS thread that enter has moved into a namespace,
+// then moves the thread back. If moving back fails, the thread stays
+// locked and is thrown away with its goroutine instead of being reused.
+func inNetns(enter func() (netns.NsHandle, error), fn func(netns.NsHandle) error) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
@@ -35,25 +48,17 @@ func createNetns(name string) error {
 			return
 		}
 		defer orig.Close()
-		h, err := netns.NewNamed(name)
+		h, err := enter()
 		if err == nil {
-			// gVisor's netstack takes over the namespace's interfaces:
-			// loopback must be up for 127.0.0.1 to work inside.
-			err = loopbackUp(h)
+			err = fn(h)
 			h.Close()
 		}
 		if serr := netns.Set(orig); serr != nil {
-			// Leave the thread locked: it exits with this goroutine.
 			errc <- errors.Join(err, fmt.Errorf("restore netns: %w", serr))
 			return
 		}
 		runtime.UnlockOSThread()
-		if err != nil {
-			deleteNetns(name)
-			errc <- fmt.Errorf("create netns: %w", err)
-			return
-		}
-		errc <- nil
+		errc <- err
 	}()
 	return <-errc
 }
@@ -213,50 +218,30 @@ func (r *Runtime) ListenProxy(id string) (net.Listener, error) {
 	if !r.Owns(id) {
 		return nil, fmt.Errorf("container id %q not made by this runtime", id)
 	}
-	type res struct {
-		l   net.Listener
-		err error
-	}
-	ch := make(chan res, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			ch <- res{err: fmt.Errorf("get netns: %w", err)}
-			return
-		}
-		defer orig.Close()
+	var l net.Listener
+	err := inNetns(func() (netns.NsHandle, error) {
 		px, err := netns.GetFromName(proxyNetnsName(id))
 		if err != nil {
-			runtime.UnlockOSThread()
-			ch <- res{err: fmt.Errorf("open proxy netns: %w", err)}
-			return
+			return px, fmt.Errorf("open proxy netns: %w", err)
 		}
-		defer px.Close()
 		if err := netns.Set(px); err != nil {
-			runtime.UnlockOSThread()
-			ch <- res{err: fmt.Errorf("enter proxy netns: %w", err)}
-			return
+			px.Close()
+			return px, fmt.Errorf("enter proxy netns: %w", err)
 		}
+		return px, nil
+	}, func(netns.NsHandle) (err error) {
 		// The socket belongs to the namespace it was made in.
-		var lc net.ListenConfig
-		l, lerr := lc.Listen(context.Background(), "tcp4", net.JoinHostPort(ProxyAddr, strconv.Itoa(ProxyPort)))
-		if err := netns.Set(orig); err != nil {
-			// Leave the thread locked: it exits with this goroutine.
-			if l != nil {
-				l.Close()
-			}
-			ch <- res{err: fmt.Errorf("restore netns: %w", err)}
-			return
+		l, err = net.Listen("tcp4", net.JoinHostPort(ProxyAddr, strconv.Itoa(ProxyPort)))
+		if err != nil {
+			return fmt.Errorf("listen in proxy netns: %w", err)
 		}
-		runtime.UnlockOSThread()
-		if lerr != nil {
-			ch <- res{err: fmt.Errorf("listen in proxy netns: %w", lerr)}
-			return
+		return nil
+	})
+	if err != nil {
+		if l != nil {
+			l.Close()
 		}
-		ch <- res{l: l}
-	}()
-	out := <-ch
-	return out.l, out.err
+		return nil, err
+	}
+	return l, nil
 }
