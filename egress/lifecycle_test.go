@@ -376,6 +376,10 @@ func TestConnectionLimits(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	// The proxy sees the closes asynchronously (EOF on each connection).
+	for deadline := time.Now().Add(5 * time.Second); e.p.clients.Load() > 2 && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+	}
 	if n := e.p.clients.Load(); n > 2 {
 		t.Errorf("%d client connections counted after closing", n)
 	}
