@@ -31,9 +31,14 @@
 // 80 it must be an HTTP request in origin form whose Host is the CONNECT
 // host; on other ports TLS gets the SNI rule, an HTTP request the Host
 // rule, and anything else (SSH, say) passes, with the server's bytes
-// flowing meanwhile. Only the first message is checked: later requests on
-// a port-80 tunnel, and anything inside TLS (HTTP/2 authorities, ECH inner
-// names), go to the same allowed destination but are not seen.
+// flowing meanwhile. A tunnel that carries HTTP is then relayed request
+// by request: every request (keep-alive, pipelined) must pass the Host
+// rule, bodies are framed strictly (one Content-Length, or chunked, never
+// both; CRLF line ends only) so a request hidden in a body stays data, and
+// after an upgrade request the stream goes opaque only if it continues
+// with a client WebSocket frame. Inside TLS nothing is seen (HTTP/2
+// authorities, ECH inner names, a Host behind the right SNI): those reach
+// the same allowed destination.
 //
 // # Counting
 //

@@ -187,23 +187,58 @@ func parseServerName(data []byte) (string, error) {
 }
 
 // readHTTPHead peeks (never consumes) a complete HTTP/1 request head and
-// parses it. It fails when the head is not complete within
-// inspectBufSize or does not parse as an HTTP/1 request.
-func readHTTPHead(br *bufio.Reader) (*http.Request, error) {
-	want := 1
+// parses it; n is the head's length in bytes (also when a complete head
+// does not parse). It fails when the head is not
+// complete within inspectBufSize, has a line not ended by CRLF (a bare CR or
+// LF, which servers split differently), or does not parse as an HTTP/1
+// request.
+func readHTTPHead(br *bufio.Reader) (req *http.Request, n int, err error) {
+	want, seen := 1, 0 // bytes already scanned, so a trickled head costs O(n)
 	for {
 		if _, err := br.Peek(want); err != nil { // wait for more bytes
 			if errors.Is(err, bufio.ErrBufferFull) {
-				return nil, errBadHello
+				return nil, 0, errBadHello
 			}
-			return nil, err
+			return nil, 0, err
 		}
 		b, _ := br.Peek(br.Buffered())
-		for _, sep := range []string{"\r\n\r\n", "\n\n"} {
-			if end := bytes.Index(b, []byte(sep)); end >= 0 {
-				return http.ReadRequest(bufio.NewReader(bytes.NewReader(b[:end+len(sep)])))
+		from := max(0, seen-3)
+		if end := bytes.Index(b[from:], []byte("\r\n\r\n")); end >= 0 {
+			head := b[:from+end+4]
+			if !crlfOnly(head, max(0, seen-1), false) {
+				return nil, 0, errBadHello
 			}
+			req, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(head)))
+			if err != nil {
+				return nil, len(head), err
+			}
+			return req, len(head), nil
 		}
+		if !crlfOnly(b, max(0, seen-1), true) {
+			return nil, 0, errBadHello
+		}
+		seen = len(b)
 		want = len(b) + 1
 	}
+}
+
+// crlfOnly reports whether every CR and LF in b[from:] is part of a CRLF
+// pair; partial allows a last CR whose LF has not arrived yet.
+func crlfOnly(b []byte, from int, partial bool) bool {
+	for i := from; i < len(b); i++ {
+		switch b[i] {
+		case '\r':
+			if i+1 == len(b) {
+				return partial
+			}
+			if b[i+1] != '\n' {
+				return false
+			}
+		case '\n':
+			if i == 0 || b[i-1] != '\r' {
+				return false
+			}
+		}
+	}
+	return true
 }

@@ -115,7 +115,7 @@ func (p *Proxy) connect(w http.ResponseWriter, r *http.Request, c *sessConn) {
 		_ = c.SetReadDeadline(time.Now().Add(s.pol.headerTimeout()))
 	}
 	br := bufio.NewReaderSize(src, inspectBufSize)
-	reason, eof := inspect(br, mode, s.pol, host, ip, port)
+	reason, isHTTP, eof := inspect(br, mode, s.pol, host, ip, port)
 	_ = c.SetReadDeadline(time.Time{})
 	if reason != "" || eof {
 		if !eof {
@@ -126,6 +126,19 @@ func (p *Proxy) connect(w http.ResponseWriter, r *http.Request, c *sessConn) {
 	}
 	if !started {
 		startDown()
+	}
+	if isHTTP {
+		// Every request on the tunnel is checked, not just the first.
+		reason, err := t.relayHTTP(tc, br, host)
+		if reason != "" {
+			s.deny(host, port, reason)
+		}
+		if reason != "" || err != nil {
+			t.closeBoth()
+		} else {
+			closeWrite(tc.Conn)
+		}
+		return
 	}
 	// Replay what inspection peeked, then the rest of the stream.
 	rest := src
@@ -149,19 +162,19 @@ const (
 )
 
 // inspect checks the client's first message in a tunnel to host:port. It
-// returns a Reason when refused, or eof when the client closed before
-// sending anything, which is not a denial (a client too slow to send is:
+// returns a Reason when refused, whether the stream is HTTP (to be relayed
+// request by request), or eof when the client closed before sending
+// anything, which is not a denial (a client too slow to send is:
 // ReasonBadHello).
-func inspect(br *bufio.Reader, mode inspectMode, pol *Policy, host string, ip netip.Addr, port int) (reason string, eof bool) {
+func inspect(br *bufio.Reader, mode inspectMode, pol *Policy, host string, ip netip.Addr, port int) (reason string, isHTTP, eof bool) {
 	first, err := br.Peek(1)
 	if err != nil {
 		if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
-			return "", true
+			return "", false, true
 		}
-		return ReasonBadHello, false
+		return ReasonBadHello, false, false
 	}
 	isTLS := first[0] == recordHandshake
-	isHTTP := false
 	if !isTLS && first[0] >= 'A' && first[0] <= 'Z' {
 		// Read on until the method token ends, so a request line split
 		// into tiny segments is still recognized.
@@ -169,17 +182,17 @@ func inspect(br *bufio.Reader, mode inspectMode, pol *Policy, host string, ip ne
 	}
 	switch {
 	case mode == tlsMode && isHTTP:
-		return ReasonHTTPInTunnel, false
+		return ReasonHTTPInTunnel, false, false
 	case mode == tlsMode && !isTLS:
-		return ReasonNotTLS, false
+		return ReasonNotTLS, false, false
 	case mode == httpMode && !isHTTP:
-		return ReasonNotHTTP, false
+		return ReasonNotHTTP, false, false
 	case isTLS:
-		return checkHello(br, pol, host, ip, port), false
+		return checkHello(br, pol, host, ip, port), false, false
 	case isHTTP:
-		return checkHTTP(br, host), false
+		return checkHTTP(br, host), true, false
 	}
-	return "", false
+	return "", false, false
 }
 
 // peekMethod reports whether the stream starts with an upper-case token
@@ -231,27 +244,15 @@ func checkHello(br *bufio.Reader, pol *Policy, host string, ip netip.Addr, port 
 	return ""
 }
 
-// checkHTTP applies the Host rule to the first request in a tunnel: no
-// proxy (absolute-form) request, and a Host naming the CONNECT host. Only
-// the first request is checked; later ones on the same tunnel go to the
-// same, allowed, destination.
+// checkHTTP applies the Host rule to the first request in a tunnel (so a
+// refused tunnel forwards nothing); relayHTTP checks it and every later one
+// again as it forwards them.
 func checkHTTP(br *bufio.Reader, host string) string {
-	req, err := readHTTPHead(br)
+	_, _, reason, err := checkHead(br, host)
 	if err != nil {
 		return ReasonNotHTTP
 	}
-	if req.URL.IsAbs() || req.URL.Host != "" {
-		return ReasonAbsoluteForm
-	}
-	h, _, err := splitHostPort(req.Host, 80)
-	if err != nil {
-		return ReasonHostMismatch
-	}
-	norm, _, err := normalizeHost(h)
-	if err != nil || norm != host {
-		return ReasonHostMismatch
-	}
-	return ""
+	return reason
 }
 
 // tunnel relays one CONNECT. An idle timer (no goroutine) closes both ends

@@ -232,6 +232,32 @@ def http_in_tunnel(name, req):
 http_in_tunnel("tunnel-same-host", b"GET /small HTTP/1.1\r\nHost: pkgs.sandboxd.test\r\nConnection: close\r\n\r\n")
 http_in_tunnel("tunnel-host-mismatch", b"GET /small HTTP/1.1\r\nHost: evil.example\r\nConnection: close\r\n\r\n")
 http_in_tunnel("tunnel-absolute-form", b"GET http://evil.example/small HTTP/1.1\r\nHost: evil.example\r\nConnection: close\r\n\r\n")
+
+# Keep-alive: the first request is answered, a second one naming another
+# virtual host on the same connection must not reach the upstream.
+def second_request(name, host):
+    s, status = connect("pkgs.sandboxd.test:%d" % http_port)
+    if status != "200":
+        print("%s: connect %s" % (name, status)); return
+    s.sendall(b"GET /small HTTP/1.1\r\nHost: pkgs.sandboxd.test\r\n\r\n")
+    data = b""
+    while b"hello" not in data:
+        b = s.recv(4096)
+        if not b:
+            break
+        data += b
+    s.sendall(b"GET /small HTTP/1.1\r\nHost: " + host + b"\r\nConnection: close\r\n\r\n")
+    try:
+        while True:
+            b = s.recv(4096)
+            if not b:
+                break
+            data += b
+    except Exception:
+        pass
+    print("%s: %d" % (name, data.count(b"hello")))
+second_request("tunnel-second-same-host", b"pkgs.sandboxd.test")
+second_request("tunnel-second-host-mismatch", b"evil.example")
 `
 
 func TestRealEgress(t *testing.T) {
@@ -396,6 +422,7 @@ print(hashlib.sha256(urllib.request.urlopen(sys.argv[1], context=ctx).read()).he
 			"bracketed-name": "400|403", "trailing-dot": "200", "upper-case": "200",
 			"sni-match": "open True", "sni-mismatch": "refused",
 			"tunnel-same-host": "open", "tunnel-host-mismatch": "refused", "tunnel-absolute-form": "refused",
+			"tunnel-second-same-host": "2", "tunnel-second-host-mismatch": "1",
 		}
 		got := map[string]string{}
 		for _, ln := range strings.Split(strings.TrimSpace(r.Stdout), "\n") {
