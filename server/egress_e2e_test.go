@@ -214,12 +214,7 @@ tls_probe("sni-match", "pkgs.sandboxd.test")
 tls_probe("sni-mismatch", "evil.example")
 
 # Plain HTTP inside a tunnel: another Host, and an absolute-form request.
-def http_in_tunnel(name, req):
-    s, status = connect("pkgs.sandboxd.test:%d" % http_port)
-    if status != "200":
-        print("%s: connect %s" % (name, status)); return
-    s.sendall(req)
-    data = b""
+def read_all(s, data=b""):
     try:
         while True:
             b = s.recv(4096)
@@ -228,6 +223,14 @@ def http_in_tunnel(name, req):
             data += b
     except Exception:
         pass
+    return data
+
+def http_in_tunnel(name, req):
+    s, status = connect("pkgs.sandboxd.test:%d" % http_port)
+    if status != "200":
+        print("%s: connect %s" % (name, status)); return
+    s.sendall(req)
+    data = read_all(s)
     print("%s: %s" % (name, "hello" in data.decode("latin1") and "open" or "refused"))
 http_in_tunnel("tunnel-same-host", b"GET /small HTTP/1.1\r\nHost: pkgs.sandboxd.test\r\nConnection: close\r\n\r\n")
 http_in_tunnel("tunnel-host-mismatch", b"GET /small HTTP/1.1\r\nHost: evil.example\r\nConnection: close\r\n\r\n")
@@ -247,15 +250,7 @@ def second_request(name, host):
             break
         data += b
     s.sendall(b"GET /small HTTP/1.1\r\nHost: " + host + b"\r\nConnection: close\r\n\r\n")
-    try:
-        while True:
-            b = s.recv(4096)
-            if not b:
-                break
-            data += b
-    except Exception:
-        pass
-    print("%s: %d" % (name, data.count(b"hello")))
+    print("%s: %d" % (name, read_all(s, data).count(b"hello")))
 second_request("tunnel-second-same-host", b"pkgs.sandboxd.test")
 second_request("tunnel-second-host-mismatch", b"evil.example")
 `
