@@ -91,11 +91,11 @@ func TestManyTunnelsNoLeak(t *testing.T) {
 		if _, err := io.ReadFull(conn, reply); err != nil || !bytes.Equal(reply, connectOK) {
 			return fmt.Errorf("reply %q %v", reply, err)
 		}
-		if _, err := io.WriteString(conn, "ping"); err != nil {
+		if _, err := io.WriteString(conn, "ping\n"); err != nil {
 			return err
 		}
-		b := make([]byte, 4)
-		if _, err := io.ReadFull(conn, b); err != nil || string(b) != "ping" {
+		b := make([]byte, 5)
+		if _, err := io.ReadFull(conn, b); err != nil || string(b) != "ping\n" {
 			return fmt.Errorf("echo %q %v", b, err)
 		}
 		return nil
@@ -158,10 +158,10 @@ func TestCloseSession(t *testing.T) {
 		t.Fatal(r1.Status, r2.Status)
 	}
 	echoOnce := func(c net.Conn, br io.Reader) error {
-		if _, err := io.WriteString(c, "ping"); err != nil {
+		if _, err := io.WriteString(c, "ping\n"); err != nil {
 			return err
 		}
-		b := make([]byte, 4)
+		b := make([]byte, 5)
 		_, err := io.ReadFull(br, b)
 		return err
 	}

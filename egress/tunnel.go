@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -109,13 +110,16 @@ func (p *Proxy) connect(w http.ResponseWriter, r *http.Request, c *sessConn) {
 	case 80:
 		mode = httpMode
 	}
+	deadline := func() { _ = c.SetReadDeadline(time.Now().Add(s.pol.headerTimeout())) }
+	arm := func() {}
 	if mode == sniffMode {
 		startDown()
+		arm = deadline // a server-first protocol may wait long for the client's first byte
 	} else {
-		_ = c.SetReadDeadline(time.Now().Add(s.pol.headerTimeout()))
+		deadline()
 	}
 	br := bufio.NewReaderSize(src, inspectBufSize)
-	reason, isHTTP, eof := inspect(br, mode, s.pol, host, ip, port)
+	reason, isHTTP, eof := inspect(br, arm, mode, s.pol, host, ip, port)
 	_ = c.SetReadDeadline(time.Time{})
 	if reason != "" || eof {
 		if !eof {
@@ -161,12 +165,14 @@ const (
 	httpMode                     // 80: must be an HTTP request with the right Host
 )
 
-// inspect checks the client's first message in a tunnel to host:port. It
+// inspect checks the client's first message in a tunnel to host:port; arm
+// is called when its first byte has arrived (to start the deadline on the
+// rest of it). It
 // returns a Reason when refused, whether the stream is HTTP (to be relayed
 // request by request), or eof when the client closed before sending
 // anything, which is not a denial (a client too slow to send is:
 // ReasonBadHello).
-func inspect(br *bufio.Reader, mode inspectMode, pol *Policy, host string, ip netip.Addr, port int) (reason string, isHTTP, eof bool) {
+func inspect(br *bufio.Reader, arm func(), mode inspectMode, pol *Policy, host string, ip netip.Addr, port int) (reason string, isHTTP, eof bool) {
 	first, err := br.Peek(1)
 	if err != nil {
 		if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
@@ -174,11 +180,13 @@ func inspect(br *bufio.Reader, mode inspectMode, pol *Policy, host string, ip ne
 		}
 		return ReasonBadHello, false, false
 	}
+	arm() // the first byte is here: the rest of the first message has a deadline
 	isTLS := first[0] == recordHandshake
-	if !isTLS && first[0] >= 'A' && first[0] <= 'Z' {
-		// Read on until the method token ends, so a request line split
-		// into tiny segments is still recognized.
-		isHTTP = peekMethod(br)
+	if !isTLS {
+		var decided bool
+		if isHTTP, decided = peekRequestLine(br); !decided {
+			return ReasonBadHello, false, false
+		}
 	}
 	switch {
 	case mode == tlsMode && isHTTP:
@@ -195,23 +203,73 @@ func inspect(br *bufio.Reader, mode inspectMode, pol *Policy, host string, ip ne
 	return "", false, false
 }
 
-// peekMethod reports whether the stream starts with an upper-case token
-// (at most 20 bytes) followed by a space.
-func peekMethod(br *bufio.Reader) bool {
-	for n := 1; n <= 21; n++ {
-		b, err := br.Peek(n)
+// peekRequestLine tells whether the stream starts like an HTTP/1 request
+// line: optional blank lines (which servers skip), a method token of any
+// case, a target, then " HTTP/". It reads on only while the bytes can still
+// be such a prefix, so another protocol is told apart at its first byte
+// that breaks the grammar. decided is false when the stream ended, timed
+// out or grew too long while it could still be a request line: the caller
+// must refuse it, or a slow or long request would pass unchecked.
+func peekRequestLine(br *bufio.Reader) (isHTTP, decided bool) {
+	const (
+		blank = iota
+		method
+		target
+		version
+	)
+	state, i, n := blank, 0, 0 // n: length of the current part
+	for {
+		b, err := br.Peek(i + 1)
 		if err != nil {
-			return false
+			return false, false
 		}
-		c := b[n-1]
-		if c == ' ' {
-			return n > 1
-		}
-		if c < 'A' || c > 'Z' {
-			return false
+		c := b[i]
+		i++
+		switch state {
+		case blank:
+			switch {
+			case c == '\r' || c == '\n':
+			case isTokenChar(c):
+				state, n = method, 1
+			default:
+				return false, true
+			}
+		case method:
+			switch {
+			case c == ' ':
+				state, n = target, 0
+			case isTokenChar(c):
+				n++
+			default:
+				return false, true
+			}
+		case target:
+			switch {
+			case c == ' ' && n > 0:
+				state, n = version, 0
+			case c > ' ' && c < 0x7f:
+				n++
+			default:
+				return false, true
+			}
+		case version:
+			if c != "HTTP/"[n] {
+				return false, true
+			}
+			if n++; n == len("HTTP/") {
+				return true, true
+			}
 		}
 	}
-	return false
+}
+
+// isTokenChar: RFC 9110 tchar.
+func isTokenChar(c byte) bool {
+	switch {
+	case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		return true
+	}
+	return strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
 }
 
 // checkHello applies the SNI rule: a named destination needs an SNI equal
