@@ -44,9 +44,10 @@
 //
 // A session's bytes are counted on its accepted connections, both ways, in
 // the data path: request and response heads, bodies, tunnel payloads,
-// keep-alive, pipelining and upgrades alike. Reads and writes are capped to
-// what the quota leaves, so one connection never passes the limit and
-// parallel ones by at most one read each. When the count reaches the limit
+// keep-alive, pipelining and upgrades alike. Bytes are claimed from the
+// quota atomically before they are forwarded (client bytes read past it are
+// dropped), so no number of parallel connections passes the limit; spliced
+// downloads take reservations that stay clear of it. When the count reaches the limit
 // every connection of the session is cut and Events.QuotaExceeded is
 // called once; later connections get 403 "Egress quota exceeded" (the
 // proxy's own refusals are not counted). Usage, Snapshot and Destinations

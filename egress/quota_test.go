@@ -11,6 +11,7 @@ import (
 	"net/http/httptrace"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -169,8 +170,58 @@ func TestQuotaParallel(t *testing.T) {
 	if complete > 1 {
 		t.Errorf("%d of %d downloads of %d bytes completed under a %d byte quota", complete, conns, len(body), limit)
 	}
-	// Each connection may overshoot by at most the read it had in flight.
-	checkCut(t, e, "s1", limit, conns*32<<10)
+	// Bytes are claimed from the quota before they are forwarded: exact.
+	checkCut(t, e, "s1", limit, 0)
+}
+
+// Many tunnels uploading at once: what reaches the upstream, and what is
+// counted, never passes the quota.
+func TestQuotaParallelUploads(t *testing.T) {
+	var sunk atomic.Int64
+	sink := tcpServer(t, func(c net.Conn) {
+		n, _ := io.Copy(io.Discard, c)
+		sunk.Add(n)
+	})
+	port := sink.Addr().(*net.TCPAddr).Port
+	e := newEnv(t, testConfig(port))
+	const limit, conns = 1 << 20, 100
+	addr := e.serve("s1", 0, limit)
+	target := fmt.Sprintf("allowed.test:%d", port)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := 0; i < conns; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+			if _, err := io.WriteString(c, "CONNECT "+target+" HTTP/1.1\r\nHost: "+target+"\r\n\r\n"); err != nil {
+				return
+			}
+			if _, err := http.ReadResponse(bufio.NewReader(c), nil); err != nil {
+				return
+			}
+			<-start
+			chunk := make([]byte, 64<<10) // zeros: not HTTP, not TLS
+			for j := 0; j < 32; j++ {
+				if _, err := c.Write(chunk); err != nil {
+					return
+				}
+			}
+		}()
+	}
+	time.Sleep(200 * time.Millisecond)
+	close(start)
+	wg.Wait()
+	checkCut(t, e, "s1", limit, 0)
+	time.Sleep(200 * time.Millisecond) // the sink drains what was forwarded
+	if n := sunk.Load(); n > limit {
+		t.Errorf("upstream received %d bytes under a %d byte quota", n, limit)
+	}
 }
 
 // A long tunnel (as a WebSocket inside CONNECT would be) is counted and

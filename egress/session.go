@@ -146,9 +146,30 @@ func (s *session) settle(r, n int64) {
 	s.p.met.bytes.Add(float64(n))
 }
 
-func (s *session) account(n int) {
+// claim takes up to n bytes of the quota at once and returns how many it
+// got (0 when none is left). Claiming before bytes are forwarded is what
+// keeps parallel connections from passing the limit together.
+func (s *session) claim(n int64) int64 {
+	for {
+		used := s.used.Load()
+		g := min(n, s.limit-used)
+		if g <= 0 {
+			return 0
+		}
+		if s.used.CompareAndSwap(used, used+g) {
+			return g
+		}
+	}
+}
+
+// moved ends a claim of g bytes of which n were moved, and cuts the session
+// when its quota is reached.
+func (s *session) moved(g, n int64) {
+	if g > n {
+		s.used.Add(n - g)
+	}
 	s.p.met.bytes.Add(float64(n))
-	if s.used.Add(int64(n)) >= s.limit {
+	if s.used.Load() >= s.limit {
 		s.exceed()
 	}
 }
@@ -223,12 +244,17 @@ func (c *sessConn) Read(b []byte) (int, error) {
 	}
 	n, err := c.Conn.Read(b)
 	if n > 0 {
+		// Bytes past the quota were read but are dropped, never forwarded.
+		g := int(c.s.claim(int64(n)))
+		if g < n {
+			n, err = g, ErrQuotaExceeded
+		}
 		if d := c.dest.Load(); d != nil {
 			d.out.Add(int64(n))
 		} else {
 			c.pendOut.Add(int64(n))
 		}
-		c.s.account(n)
+		c.s.moved(int64(n), int64(n))
 	}
 	return n, err
 }
@@ -237,20 +263,21 @@ func (c *sessConn) Write(b []byte) (int, error) {
 	if c.refusing || len(b) == 0 {
 		return c.Conn.Write(b)
 	}
-	p, err := c.s.budget(b)
-	if err != nil {
-		return 0, err
+	g := c.s.claim(int64(len(b)))
+	if g == 0 {
+		c.s.exceed()
+		return 0, ErrQuotaExceeded
 	}
-	n, err := c.Conn.Write(p)
+	n, err := c.Conn.Write(b[:g])
 	if n > 0 {
 		if d := c.dest.Load(); d != nil {
 			d.in.Add(int64(n))
 		} else {
 			c.pendIn.Add(int64(n))
 		}
-		c.s.account(n)
 	}
-	if err == nil && len(p) < len(b) {
+	c.s.moved(g, int64(n))
+	if err == nil && g < int64(len(b)) {
 		err = ErrQuotaExceeded
 	}
 	return n, err
