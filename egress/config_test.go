@@ -119,3 +119,16 @@ dialTimeout: 3s
 		t.Error("NewPolicy(nil) accepted")
 	}
 }
+
+func TestConnLimits(t *testing.T) {
+	per, total, fits := ConnLimits(64)
+	if !fits || per*64 > total || per > 256 || per < 16 {
+		t.Errorf("ConnLimits(64) = %d, %d, %v", per, total, fits)
+	}
+	if per, total, _ := ConnLimits(1); per != max(16, min(256, total)) {
+		t.Errorf("ConnLimits(1) = %d of %d", per, total)
+	}
+	if per, _, fits := ConnLimits(1 << 30); per != 16 || fits {
+		t.Errorf("ConnLimits(huge) = %d, %v", per, fits)
+	}
+}

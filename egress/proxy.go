@@ -49,6 +49,11 @@ type Options struct {
 	// limit are closed at once and reported as denied (too_many_connections).
 	MaxConnsPerSession int
 	MaxConns           int
+	// OnUsage, if set, is called each time a session's count passes another
+	// usageStep (a 64th of its limit, 1 to 64 MiB), so the caller can save
+	// it between periodic saves: a crash then forgets at most about one
+	// step. It is called from the data path and must not block.
+	OnUsage func(sessionID string, used int64)
 }
 
 const defaultMaxConnsPerSession = 256
@@ -61,6 +66,21 @@ func defaultMaxConns() int64 {
 		return 64
 	}
 	return int64(rl.Cur / 3)
+}
+
+// ConnLimits splits the proxy's connection budget (a third of the open-file
+// limit) among up to sessions sessions, so that every session at its own
+// cap still fits: no session, nor any group of them, can use up the
+// connections another session is due. perSession is at most 256; it is
+// never set under 16, and fits is false when the budget is too small for
+// that (raise the open-file limit, or lower the number of sandboxes).
+func ConnLimits(sessions int) (perSession, total int, fits bool) {
+	total = int(defaultMaxConns())
+	perSession = min(defaultMaxConnsPerSession, total/max(sessions, 1))
+	if perSession < 16 {
+		return 16, total, false
+	}
+	return perSession, total, true
 }
 
 // ErrClosed is returned by Serve after Shutdown.
@@ -82,6 +102,7 @@ type Proxy struct {
 	gp          *goproxy.ProxyHttpServer
 	maxPerSess  int
 	maxConns    int64
+	onUsage     func(string, int64)
 	clients     atomic.Int64 // open client connections, all sessions
 
 	mu        sync.Mutex
@@ -115,6 +136,7 @@ func New(pol *Policy, opts Options) *Proxy {
 		done:        map[string]*session{},
 		maxPerSess:  opts.MaxConnsPerSession,
 		maxConns:    int64(opts.MaxConns),
+		onUsage:     opts.OnUsage,
 	}
 	if p.maxPerSess <= 0 {
 		p.maxPerSess = defaultMaxConnsPerSession

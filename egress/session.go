@@ -43,6 +43,9 @@ type session struct {
 	// exceeded is set once when used reaches limit (or at start when
 	// already there); it never clears.
 	exceeded atomic.Bool
+	// step is the usage step for Options.OnUsage; steps the last reported.
+	step  int64
+	steps atomic.Int64
 
 	dial *dialer
 	srv  *http.Server
@@ -58,6 +61,8 @@ type session struct {
 func newSession(p *Proxy, id string, pol *Policy, used, limit int64) *session {
 	s := &session{id: id, p: p, pol: pol, limit: limit, conns: map[io.Closer]struct{}{}, dests: map[string]*destCounter{}}
 	s.used.Store(used)
+	s.step = min(max(limit/64, 1<<20), 64<<20)
+	s.steps.Store(used / s.step)
 	if used >= limit {
 		// Already used up (restart, or limit <= 0): refuse everything; the
 		// event was the business of whoever used the bytes.
@@ -144,6 +149,19 @@ func (s *session) settle(r, n int64) {
 	s.used.Add(n - r)
 	s.inflight.Add(-r)
 	s.p.met.bytes.Add(float64(n))
+	s.notify()
+}
+
+// notify calls Options.OnUsage when the count has passed another step.
+func (s *session) notify() {
+	if s.p.onUsage == nil {
+		return
+	}
+	used := s.usedBytes()
+	last := s.steps.Load()
+	if cur := used / s.step; cur > last && s.steps.CompareAndSwap(last, cur) {
+		s.p.onUsage(s.id, used)
+	}
 }
 
 // claim takes up to n bytes of the quota at once and returns how many it
@@ -169,6 +187,7 @@ func (s *session) moved(g, n int64) {
 		s.used.Add(n - g)
 	}
 	s.p.met.bytes.Add(float64(n))
+	s.notify()
 	if s.used.Load() >= s.limit {
 		s.exceed()
 	}
