@@ -324,3 +324,34 @@ func TestQuotaPipelining(t *testing.T) {
 	}
 	checkCut(t, e, "s1", limit, 0)
 }
+
+// OnUsage reports each step a session's count passes (a 64th of the
+// limit, at least 1 MiB), so the caller can save counts between sweeps.
+func TestQuotaOnUsage(t *testing.T) {
+	body := blob(5 << 20)
+	up := newHTTPUpstream(t, nil, blobHandler(body))
+	port := portOf(t, up.URL)
+	e := newEnv(t, testConfig(port))
+	var mu sync.Mutex
+	var seen []int64
+	e.p.onUsage = func(id string, used int64) {
+		mu.Lock()
+		seen = append(seen, used)
+		mu.Unlock()
+	}
+	addr := e.serve("s1", 0, 64<<20)
+	code, got, _ := get(t, client(addr), fmt.Sprintf("http://allowed.test:%d/x", port))
+	if code != 200 || len(got) != len(body) {
+		t.Fatalf("download: %d, %d bytes", code, len(got))
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen) < 4 || len(seen) > 5 {
+		t.Errorf("%d usage reports for 5 MiB in 1 MiB steps: %v", len(seen), seen)
+	}
+	for i := 1; i < len(seen); i++ {
+		if seen[i]>>20 <= seen[i-1]>>20 {
+			t.Errorf("reports not one per step: %v", seen)
+		}
+	}
+}
