@@ -46,6 +46,8 @@ type Config struct {
 		MaxMemoryMiB         int   `yaml:"maxMemoryMiB"`
 		MinFreeDiskMiB       int   `yaml:"minFreeDiskMiB"`
 		TerminalIdleSeconds  int   `yaml:"terminalIdleSeconds"`
+		MaxAPIConns          int   `yaml:"maxAPIConns"`
+		APIIdleSeconds       int   `yaml:"apiIdleSeconds"`
 	} `yaml:"limits"`
 
 	EgressOptions struct {
@@ -163,7 +165,8 @@ func (c *Config) validate() error {
 	l := c.Limits
 	if l.MaxBodyBytes < 1024 || l.ExecOutputBytes < 1024 || l.ExecDefaultTimeoutMs < 1 ||
 		l.ExecMaxTimeoutMs < l.ExecDefaultTimeoutMs || l.MaxSandboxes < 1 || l.MaxSandboxesPerOrg < 1 ||
-		l.MaxExecsPerSession < 1 || l.MaxMemoryMiB < 0 || l.MinFreeDiskMiB < 0 || l.TerminalIdleSeconds < 1 {
+		l.MaxExecsPerSession < 1 || l.MaxMemoryMiB < 0 || l.MinFreeDiskMiB < 0 || l.TerminalIdleSeconds < 1 ||
+		l.MaxAPIConns < 0 || l.APIIdleSeconds < 1 {
 		errs = append(errs, errors.New("limits: out of range"))
 	}
 	return errors.Join(errs...)

@@ -20,6 +20,10 @@ type metrics struct {
 	provision prometheus.Histogram
 	exec      prometheus.Histogram
 	wsConns   prometheus.Gauge
+	// API connections: open (hijacked WebSockets included) and closed
+	// at once over limits.maxAPIConns.
+	apiConns   prometheus.Gauge
+	apiRefused prometheus.Counter
 }
 
 func newMetrics(db *store.DB) *metrics {
@@ -36,7 +40,11 @@ func newMetrics(db *store.DB) *metrics {
 		Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
 	})
 	m.wsConns = prometheus.NewGauge(prometheus.GaugeOpts{Name: "sandboxd_websocket_connections", Help: "Open WebSocket connections."})
-	m.reg.MustRegister(m.requests, m.provision, m.exec, m.wsConns, sessionCollector{db},
+	m.apiConns = prometheus.NewGauge(prometheus.GaugeOpts{Name: "sandboxd_api_connections", Help: "Open API connections (WebSockets included)."})
+	m.apiRefused = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "sandboxd_api_connections_refused_total", Help: "API connections closed at once because limits.maxAPIConns were open.",
+	})
+	m.reg.MustRegister(m.requests, m.provision, m.exec, m.wsConns, m.apiConns, m.apiRefused, sessionCollector{db},
 		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 	return m
 }

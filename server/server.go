@@ -279,10 +279,10 @@ func Run(ctx context.Context, cfg *Config, out io.Writer) error {
 		s.Close()
 		return err
 	}
-	hs := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	hs, capped := s.apiServer(ln)
 	fmt.Fprintf(out, "sandboxd listening on http://%s (data dir %s)\n", ln.Addr(), cfg.DataDir)
 	errc := make(chan error, 1)
-	go func() { errc <- hs.Serve(ln) }()
+	go func() { errc <- hs.Serve(capped) }()
 	select {
 	case <-ctx.Done():
 	case err := <-errc:

@@ -462,6 +462,8 @@ func TestLoadConfigErrors(t *testing.T) {
 		"bad proxy":          {"trustedProxies: [not-an-ip]\n", "trustedProxies"},
 		"limits":             {"limits:\n  maxBodyBytes: 10\n", "limits"},
 		"timeouts":           {"limits:\n  execDefaultTimeoutMs: 10\n  execMaxTimeoutMs: 5\n", "limits"},
+		"api conns":          {"limits:\n  maxAPIConns: -1\n", "limits"},
+		"api idle":           {"limits:\n  apiIdleSeconds: 0\n", "limits"},
 		"bad yaml":           {"listen: [\n", "yaml"},
 	}
 	for name, c := range cases {
