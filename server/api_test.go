@@ -169,6 +169,12 @@ func newAPIEnv(t *testing.T, tweak ...func(*Config)) *apiEnv {
 	for _, f := range tweak {
 		f(cfg)
 	}
+	return newAPIEnvWith(t, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+}
+
+// newAPIEnvWith is newAPIEnv for a config and logger the test made.
+func newAPIEnvWith(t *testing.T, cfg *Config, log *slog.Logger) *apiEnv {
+	t.Helper()
 	db, err := store.Open(DBPath(t.TempDir()))
 	if err != nil {
 		t.Fatal(err)
@@ -178,7 +184,7 @@ func newAPIEnv(t *testing.T, tweak ...func(*Config)) *apiEnv {
 		t.Fatalf("bootstrap: %v %v", created, err)
 	}
 	rt := &fakeRuntime{wsRoot: t.TempDir()}
-	s, err := newServer(cfg, db, rt, "/fake/image", slog.New(slog.NewTextHandler(io.Discard, nil)))
+	s, err := newServer(cfg, db, rt, "/fake/image", log)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -56,7 +56,14 @@ type Config struct {
 		ConfigFile string `yaml:"configFile"`
 	} `yaml:"egress"`
 
-	// Sizes is loaded from configs/sizes.yaml (not part of the file above).
+	SizesOptions struct {
+		// Size table file (configs/sizes.yaml's format); empty means the
+		// built-in one.
+		ConfigFile string `yaml:"configFile"`
+	} `yaml:"sizes"`
+
+	// Sizes is the size table, loaded from sizes.configFile or the
+	// built-in configs/sizes.yaml.
 	Sizes Sizes `yaml:"-"`
 	// Egress is the egress allowlist and dialer policy, loaded from
 	// egress.configFile or the built-in configs/egress.yaml.
@@ -95,12 +102,22 @@ func LoadConfig(flags Overrides) (*Config, error) {
 	}
 	c.Listen = firstNonEmpty(flags.Listen, os.Getenv("SANDBOXD_LISTEN"), c.Listen)
 	c.DataDir = firstNonEmpty(flags.DataDir, os.Getenv("SANDBOXD_DATA_DIR"), c.DataDir)
-	sz, err := configs.FS.ReadFile("sizes.yaml")
-	if err != nil {
-		return nil, err
-	}
-	if c.Sizes, err = ParseSizes(sz); err != nil {
-		return nil, fmt.Errorf("sizes: %w", err)
+	if c.SizesOptions.ConfigFile != "" {
+		b, err := os.ReadFile(c.SizesOptions.ConfigFile)
+		if err != nil {
+			return nil, fmt.Errorf("sizes config: %w", err)
+		}
+		if c.Sizes, err = ParseSizes(b); err != nil {
+			return nil, fmt.Errorf("sizes config %s: %w", c.SizesOptions.ConfigFile, err)
+		}
+	} else {
+		sz, err := configs.FS.ReadFile("sizes.yaml")
+		if err != nil {
+			return nil, err
+		}
+		if c.Sizes, err = ParseSizes(sz); err != nil {
+			return nil, fmt.Errorf("built-in sizes: %w", err)
+		}
 	}
 	if c.EgressOptions.ConfigFile != "" {
 		b, err := os.ReadFile(c.EgressOptions.ConfigFile)

@@ -2,6 +2,7 @@ package server
 
 import (
 	"fmt"
+	"math"
 	"sort"
 
 	"sandboxd/runsc"
@@ -28,11 +29,18 @@ type Sizes struct {
 	Legacy  map[string]string `yaml:"legacy"`
 }
 
-// ParseSizes decodes and checks a size table.
+// maxEgressMiB keeps EgressBytes far from overflowing.
+const maxEgressMiB = 1 << 40
+
+// ParseSizes decodes and checks a size table (configs/sizes.yaml's format;
+// unknown keys are errors).
 func ParseSizes(b []byte) (Sizes, error) {
 	var s Sizes
 	if err := decodeStrict(b, &s); err != nil {
 		return s, err
+	}
+	if len(s.List) == 0 {
+		return s, fmt.Errorf("no sizes defined (want a sizes: list)")
 	}
 	seen := map[string]bool{}
 	for _, z := range s.List {
@@ -40,9 +48,13 @@ func ParseSizes(b []byte) (Sizes, error) {
 			return s, fmt.Errorf("size %q: empty or repeated name", z.Name)
 		}
 		seen[z.Name] = true
-		if z.VCPUs < 1 || z.MemoryMiB < 256 || z.DiskMiB < 256 || z.Pids < 128 || z.CreditsPerHour < 0 || z.EgressMiB < 0 {
-			return s, fmt.Errorf("size %q: limits out of range", z.Name)
+		if z.VCPUs < 1 || z.MemoryMiB < 256 || z.DiskMiB < 256 || z.Pids < 128 ||
+			!(z.CreditsPerHour >= 0) || math.IsInf(z.CreditsPerHour, 1) || z.EgressMiB < 0 || z.EgressMiB > maxEgressMiB {
+			return s, fmt.Errorf("size %q: limits out of range (vcpus >= 1, memoryMiB >= 256, diskMiB >= 256, pids >= 128, creditsPerHour >= 0, 0 <= egressMiB <= %d)", z.Name, int64(maxEgressMiB))
 		}
+	}
+	if s.Default == "" {
+		return s, fmt.Errorf("default: required (the size of a request that names none)")
 	}
 	if !seen[s.Default] {
 		return s, fmt.Errorf("default size %q is not defined", s.Default)
