@@ -229,6 +229,7 @@ func (m *manager) provision(ctx context.Context, ses *store.Session, size Size) 
 			m.s.egress.Close(ses.ID)
 			m.s.rt.Destroy(context.Background(), ses.ContainerID, false)
 		}
+		m.s.scrub.forget(ses.ID)
 		if derr := m.s.db.DeleteSessionRow(context.Background(), ses.ID); derr != nil {
 			m.s.log.Error("undo session row", "session", ses.SessionID, "err", derr)
 		}
@@ -238,6 +239,9 @@ func (m *manager) provision(ctx context.Context, ses *store.Session, size Size) 
 		return fail(err) // Create undid itself
 	}
 	created = true
+	// Its secrets join the scrubber of text no session can be told from
+	// (the standard library's log lines) before the sandbox can reach out.
+	m.s.sessionScrubber(ses.ID)
 	if err := m.s.startEgress(ses); err != nil {
 		return fail(fmt.Errorf("egress listener: %w", err))
 	}
@@ -383,6 +387,7 @@ func (m *manager) reconcile(ctx context.Context) error {
 				keep[ses.ContainerID] = true
 				m.account(ses)
 				m.s.startKernelLog(ses)
+				m.s.sessionScrubber(ses.ID) // as in provision
 				if err := m.s.startEgress(ses); err != nil {
 					// The sandbox lives on without a way out; say so.
 					m.s.log.Error("reconcile: egress listener", "session", ses.SessionID, "err", err)

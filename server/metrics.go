@@ -24,6 +24,8 @@ type metrics struct {
 	// at once over limits.maxAPIConns.
 	apiConns   prometheus.Gauge
 	apiRefused prometheus.Counter
+	// Standard library log lines dropped by the rate limit (stdlog.go).
+	stdLogSuppressed prometheus.Counter
 }
 
 func newMetrics(db *store.DB) *metrics {
@@ -44,7 +46,10 @@ func newMetrics(db *store.DB) *metrics {
 	m.apiRefused = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "sandboxd_api_connections_refused_total", Help: "API connections closed at once because limits.maxAPIConns were open.",
 	})
-	m.reg.MustRegister(m.requests, m.provision, m.exec, m.wsConns, m.apiConns, m.apiRefused, sessionCollector{db},
+	m.stdLogSuppressed = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "sandboxd_stdlog_suppressed_total", Help: "Go standard library log lines dropped by the rate limit.",
+	})
+	m.reg.MustRegister(m.requests, m.provision, m.exec, m.wsConns, m.apiConns, m.apiRefused, m.stdLogSuppressed, sessionCollector{db},
 		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 	return m
 }

@@ -267,6 +267,10 @@ func Run(ctx context.Context, cfg *Config, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	// The standard library's own log lines (net/http's: the egress proxy's
+	// upstream transports may quote upstream bytes) pass the scrubber and a
+	// rate limit from the first sandbox on.
+	defer s.captureStdLog()()
 	// Bind before reconciling: a busy address fails before anything is
 	// touched.
 	ln, err := net.Listen("tcp", cfg.Listen)
