@@ -58,9 +58,11 @@ type Options struct {
 
 const defaultMaxConnsPerSession = 256
 
-// defaultMaxConns is a third of RLIMIT_NOFILE's soft limit (64 if unknown),
-// leaving the rest for the API, SQLite and sandboxes.
-func defaultMaxConns() int64 {
+// FDShare is a third of RLIMIT_NOFILE's soft limit (64 if unknown or
+// tiny): the proxy's default budget for all sessions' connections, leaving
+// the rest for the API (which the server gives the same share), SQLite and
+// sandboxes.
+func FDShare() int64 {
 	var rl syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil || rl.Cur < 192 {
 		return 64
@@ -75,7 +77,7 @@ func defaultMaxConns() int64 {
 // never set under 16, and fits is false when the budget is too small for
 // that (raise the open-file limit, or lower the number of sandboxes).
 func ConnLimits(sessions int) (perSession, total int, fits bool) {
-	total = int(defaultMaxConns())
+	total = int(FDShare())
 	perSession = min(defaultMaxConnsPerSession, total/max(sessions, 1))
 	if perSession < 16 {
 		return 16, total, false
@@ -142,7 +144,7 @@ func New(pol *Policy, opts Options) *Proxy {
 		p.maxPerSess = defaultMaxConnsPerSession
 	}
 	if p.maxConns <= 0 {
-		p.maxConns = defaultMaxConns()
+		p.maxConns = FDShare()
 	}
 	if p.events == nil {
 		p.events = noEvents{}

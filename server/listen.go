@@ -5,10 +5,11 @@ import (
 	"net/http"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"golang.org/x/time/rate"
+
+	"sandboxd/egress"
 )
 
 // apiServer is the API's HTTP server and ln wrapped to cap its open
@@ -22,21 +23,9 @@ func (s *Server) apiServer(ln net.Listener) (*http.Server, *capListener) {
 	}
 	max := int64(s.cfg.Limits.MaxAPIConns)
 	if max <= 0 {
-		max = defaultMaxAPIConns()
+		max = egress.FDShare()
 	}
 	return hs, s.capConns(ln, max)
-}
-
-// defaultMaxAPIConns is a third of RLIMIT_NOFILE's soft limit (64 if
-// unknown or tiny), as the egress proxy takes for all sessions together:
-// the rest is left for SQLite, sandboxes (runsc, agent sockets, pipes) and
-// the egress proxy's upstream side.
-func defaultMaxAPIConns() int64 {
-	var rl syscall.Rlimit
-	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil || rl.Cur < 192 {
-		return 64
-	}
-	return int64(rl.Cur / 3)
 }
 
 // capListener holds at most max accepted connections open at once. A

@@ -68,6 +68,7 @@ type Server struct {
 	egress       Egress
 	egressPolicy *egress.Policy
 	egressEvents *egressEvents
+	egressUsage  *usageSaver
 }
 
 // DBPath is the SQLite file inside a data directory.
@@ -187,7 +188,16 @@ func newServer(cfg *Config, db *store.DB, rt Runtime, img string, log *slog.Logg
 	s.logs = newLogs()
 	s.egressEvents = newEgressEvents(s)
 	s.egressPolicy = pol
-	s.egress = egress.New(pol, egress.Options{Events: s.egressEvents, Registerer: s.met.reg, Resolver: cfg.EgressResolver, Logger: s.log.With("component", "egress")})
+	s.egressUsage = newUsageSaver(db, s.log)
+	// Every session's connection cap fits in the proxy's budget, so no
+	// organization can take the connections another's sandboxes are due.
+	perSession, total, fits := egress.ConnLimits(cfg.Limits.MaxSandboxes)
+	if !fits {
+		s.log.Warn("open-file limit too low for limits.maxSandboxes: egress connections are not guaranteed per session",
+			"maxSandboxes", cfg.Limits.MaxSandboxes, "proxyConnections", total)
+	}
+	s.egress = egress.New(pol, egress.Options{Events: s.egressEvents, Registerer: s.met.reg, Resolver: cfg.EgressResolver,
+		Logger: s.log.With("component", "egress"), MaxConnsPerSession: perSession, MaxConns: total, OnUsage: s.egressUsage.note})
 	s.sb = newManager(s)
 	s.engine = s.routes()
 	return s, nil
@@ -233,6 +243,7 @@ func (s *Server) Close() error {
 	// Shutdown first: it ends every tunnel, so bytes in flight are
 	// counted before the counts are saved.
 	s.egress.Shutdown()
+	s.egressUsage.stop()
 	s.saveEgress()
 	err := s.db.Close()
 	if r, ok := s.rt.(interface{ ReleaseIdle() }); ok {
