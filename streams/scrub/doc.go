@@ -17,7 +17,8 @@
 // Pattern rules: the rule's SecretGroup becomes "[REDACTED:<rule id>]"
 // (for password=x only x; for a database URL only the password). Known
 // values (>= MinValueLen bytes) and their encodings become
-// "[REDACTED:<name>]": hex (lower, upper), URL query/path escaping, JSON
+// "[REDACTED:<name>]", the value itself and its hex in any ASCII case
+// (lowered by a proxy, swapped, title case), URL query/path escaping, JSON
 // and Go string escaping, shell escaping (backslash and single quotes),
 // base64 std and URL alphabets at all three alignments with or without
 // padding and inside longer base64 runs (the characters carrying bits of

@@ -47,6 +47,7 @@ type prefilter struct {
 	short  []shortAnchor         // anchors of length 3
 	exPre  map[string]struct{}   // proper prefixes (1..3 bytes) of literal anchors
 	lowPre map[string]struct{}   // proper prefixes (1..3 bytes, lower case) of keyword anchors
+	valPre map[string]struct{}   // proper prefixes (1..3 bytes, lower case) of case-folded value anchors
 }
 
 type shortAnchor struct {
@@ -87,6 +88,7 @@ func newPrefilter(anchors []anchor, follow func(i int) byteSet) *prefilter {
 		bits2:  new([bitmap2Words]uint64),
 		exPre:  make(map[string]struct{}),
 		lowPre: make(map[string]struct{}),
+		valPre: make(map[string]struct{}),
 	}
 	var all byteSet
 	for w := range all {
@@ -105,7 +107,10 @@ func newPrefilter(anchors []anchor, follow func(i int) byteSet) *prefilter {
 			pf.m4.add(binary.LittleEndian.Uint32(l)|fold4, int32(i))
 		}
 		pre := pf.exPre
-		if a.fold {
+		switch {
+		case a.fold && a.lab != nil:
+			pre = pf.valPre
+		case a.fold:
 			pre = pf.lowPre
 		}
 		for n := 1; n <= 3 && n < len(l); n++ {
@@ -386,6 +391,9 @@ func (pf *prefilter) partial(t []byte) (value, keyword bool) {
 	var lb [3]byte
 	for j, c := range t {
 		lb[j] = lowerByte(c)
+	}
+	if _, ok := pf.valPre[string(lb[:len(t)])]; ok {
+		return true, false
 	}
 	_, ok := pf.lowPre[string(lb[:len(t)])]
 	return false, ok

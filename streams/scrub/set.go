@@ -197,7 +197,7 @@ func (s *Set) build() {
 				continue
 			}
 			lits[e.s] = true
-			s.anchors = append(s.anchors, anchor{lit: []byte(e.s), lab: lab, b64: e.b64})
+			s.anchors = append(s.anchors, anchor{lit: []byte(e.s), lab: lab, b64: e.b64, fold: e.fold})
 		}
 	}
 	s.pf = newPrefilter(s.anchors, func(i int) byteSet {
@@ -212,13 +212,14 @@ func (s *Set) build() {
 }
 
 type encoding struct {
-	s   string
-	b64 byte
+	s    string
+	b64  byte
+	fold bool // s is lower case and matches in any ASCII case
 }
 
-// encodings lists the literals that reveal v: v itself and its lower- and
-// upper-case forms (hosts and many tools change case); hex (lower,
-// upper); URL query and path escaping; JSON string escaping (with and
+// encodings lists the literals that reveal v: v itself in any ASCII case
+// (hosts and many tools change case; swapped or title case reveal it as
+// well); hex in any case; URL query and path escaping; JSON string escaping (with and
 // without HTML escapes), Go %q and shell escaping (backslash and
 // single-quote styles); base64 std and URL alphabets; for multi-line
 // values also the CRLF form and every line of at least MinValueLen bytes.
@@ -235,14 +236,16 @@ func encodings(v string) []encoding {
 	var out []encoding
 	add := func(s string, b64 byte) {
 		if len(s) >= 3 && !slices.ContainsFunc(out, func(e encoding) bool { return e.s == s }) {
-			out = append(out, encoding{s, b64})
+			out = append(out, encoding{s: s, b64: b64})
 		}
 	}
-	add(v, 0)
-	add(strings.ToLower(v), 0)
-	add(strings.ToUpper(v), 0)
-	add(hex.EncodeToString([]byte(v)), 0)
-	add(strings.ToUpper(hex.EncodeToString([]byte(v))), 0)
+	addFold := func(s string) { out = append(out, encoding{s: asciiLower(s), fold: true}) }
+	addFold(v)
+	if strings.ContainsFunc(v, func(r rune) bool { return r >= 0x80 }) { // non-ASCII letters (or invalid UTF-8) change too
+		add(strings.ToLower(v), 0)
+		add(strings.ToUpper(v), 0)
+	}
+	addFold(hex.EncodeToString([]byte(v)))
 	add(url.QueryEscape(v), 0)
 	add(url.PathEscape(v), 0)
 	if j, err := json.Marshal(v); err == nil {
@@ -281,6 +284,16 @@ func encodings(v string) []encoding {
 		}
 	}
 	return out
+}
+
+// asciiLower lowers ASCII letters only (strings.ToLower rewrites invalid
+// UTF-8 and folds other letters, neither of which the matcher's fold does).
+func asciiLower(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		b[i] = lowerByte(c)
+	}
+	return string(b)
 }
 
 // b64Cores returns, for the three alignments, the stable core and the

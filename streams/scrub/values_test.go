@@ -119,6 +119,9 @@ func TestValueEncodings(t *testing.T) {
 			"go: "+strconv.Quote(v),
 			"host "+strings.ToLower(v)+".example.com", // a host name, lowercased by a proxy
 			"UPPER "+strings.ToUpper(v),
+			"swapped "+swapCase(v), // python's str.swapcase
+			"title "+strings.ToUpper(v[:1])+strings.ToLower(v[1:]),
+			"hex mixed "+swapCase(hex.EncodeToString([]byte(v))),
 		)
 		j, _ := json.Marshal(map[string]string{"token": v})
 		cases = append(cases, string(j))
@@ -196,4 +199,18 @@ func TestPEMWholeAndLineByLine(t *testing.T) {
 	if out != "x\n[REDACTED:private-key]\ny\n" {
 		t.Fatalf("rule: %q", out)
 	}
+}
+
+// swapCase swaps the case of ASCII letters.
+func swapCase(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		switch {
+		case 'a' <= c && c <= 'z':
+			b[i] = c - 'a' + 'A'
+		case 'A' <= c && c <= 'Z':
+			b[i] = c - 'A' + 'a'
+		}
+	}
+	return string(b)
 }
