@@ -42,10 +42,10 @@ type Options struct {
 	// DialTimeout overrides the policy's DialTimeout when > 0.
 	DialTimeout time.Duration
 	// MaxConnsPerSession bounds a session's open client connections
-	// (default 256); MaxConns bounds them over all sessions (default: a
-	// third of the process's open-file limit, each proxied connection
-	// holding two descriptors, so a sandbox opening connections in a loop
-	// cannot starve the server of file descriptors). Connections past a
+	// (default 256); MaxConns bounds them over all sessions (default:
+	// FDShare, each proxied connection holding two descriptors, so a
+	// sandbox opening connections in a loop cannot starve the server of
+	// file descriptors). Connections past a
 	// limit are closed at once and reported as denied (too_many_connections).
 	MaxConnsPerSession int
 	MaxConns           int
@@ -58,20 +58,19 @@ type Options struct {
 
 const defaultMaxConnsPerSession = 256
 
-// FDShare is a third of RLIMIT_NOFILE's soft limit (64 if unknown or
-// tiny): the proxy's default budget for all sessions' connections, leaving
-// the rest for the API (which the server gives the same share), SQLite and
-// sandboxes.
+// FDShare is a quarter of RLIMIT_NOFILE's soft limit (64 if unknown or
+// tiny): the proxy's default budget for all sessions' connections (each
+// holds two descriptors: half the limit), and the server's for its API
+// connections (a quarter), leaving a quarter for SQLite and sandboxes.
 func FDShare() int64 {
 	var rl syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil || rl.Cur < 192 {
 		return 64
 	}
-	return int64(rl.Cur / 3)
+	return int64(rl.Cur / 4)
 }
 
-// ConnLimits splits the proxy's connection budget (a third of the open-file
-// limit) among up to sessions sessions, so that every session at its own
+// ConnLimits splits the proxy's connection budget (FDShare) among up to sessions sessions, so that every session at its own
 // cap still fits: no session, nor any group of them, can use up the
 // connections another session is due. perSession is at most 256; it is
 // never set under 16, and fits is false when the budget is too small for

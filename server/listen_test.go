@@ -233,15 +233,15 @@ func TestDefaultMaxAPIConns(t *testing.T) {
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil {
 		t.Fatal(err)
 	}
-	if rl.Cur >= 192 && l.max != int64(rl.Cur/3) {
-		t.Errorf("default cap = %d, want a third of RLIMIT_NOFILE %d", l.max, rl.Cur)
+	if rl.Cur >= 192 && l.max != int64(rl.Cur/4) {
+		t.Errorf("default cap = %d, want a quarter of RLIMIT_NOFILE %d", l.max, rl.Cur)
 	}
 }
 
 // The review's reproduction against the real binary: under `ulimit -n 1200`
 // 1170 keep-alive connections exhausted the server's descriptors (accept
 // failed with EMFILE, /healthz hung). Now even more connections than the
-// limit itself get a third of it held and the rest closed at once; the
+// limit itself get a quarter of it held and the rest closed at once; the
 // server stays far from the limit and answers again once the idle ones
 // time out.
 func TestRealAPIConnFlood(t *testing.T) {
@@ -331,10 +331,10 @@ limits: {apiIdleSeconds: %d}
 		conns = append(conns, c)
 		held++
 	}
-	if want := nofile / 3; held != want {
-		t.Errorf("server kept %d of %d connections, want a third of %d: %d", held, flood, nofile, want)
+	if want := nofile / 4; held != want {
+		t.Errorf("server kept %d of %d connections, want a quarter of %d: %d", held, flood, nofile, want)
 	}
-	if n := fds(); n > base+nofile/3+50 {
+	if n := fds(); n > base+nofile/4+50 {
 		t.Errorf("server has %d descriptors open (%d before the flood), limit %d", n, base, nofile)
 	}
 	// Over the cap /healthz is refused cleanly; once the idle ones time
