@@ -28,17 +28,23 @@
 // is forwarded: to port 443 it must be a TLS ClientHello whose SNI equals
 // the CONNECT host (reassembled across records; a missing SNI is refused;
 // to an allowlisted IP the SNI, if any, must itself be allowed); to port
-// 80 it must be an HTTP request in origin form whose Host is the CONNECT
-// host; on other ports TLS gets the SNI rule, an HTTP request the Host
-// rule, and anything else (SSH, say) passes, with the server's bytes
-// flowing meanwhile. A tunnel that carries HTTP is then relayed request
-// by request: every request (keep-alive, pipelined) must pass the Host
-// rule, bodies are framed strictly (one Content-Length, or chunked, never
-// both; CRLF line ends only) so a request hidden in a body stays data, and
-// after an upgrade request the stream goes opaque only if it continues
-// with a client WebSocket frame. Inside TLS nothing is seen (HTTP/2
-// authorities, ECH inner names, a Host behind the right SNI): those reach
-// the same allowed destination.
+// 80 it must be a strict HTTP/1 request in origin form. On other ports TLS
+// gets the SNI rule; otherwise the first non-blank line decides, since
+// servers are lenient about request lines (Python's takes any whitespace,
+// a leading blank line, non-ASCII targets): a line containing "HTTP/"
+// makes the stream HTTP, anything else (SSH, a binary protocol) passes
+// opaque, and the server's bytes flow meanwhile. HTTP is relayed request
+// by request: every request (keep-alive, pipelined) must parse strictly
+// and name the CONNECT host exactly (ASCII case aside; no trailing dot, no
+// other port); bodies are framed strictly (one Content-Length, or chunked,
+// never both, no chunked on HTTP/1.0, none on GET, HEAD, DELETE, OPTIONS,
+// TRACE, whose bodies servers may ignore and read as a request; CRLF line
+// ends only), so a request hidden in a body stays data; and nothing goes
+// opaque after an upgrade request, since the proxy does not see whether
+// the upstream switched (WebSocket in a tunnel works as wss://). Plain
+// HTTP refuses bodies on the same methods. Inside TLS nothing is seen
+// (HTTP/2 authorities, ECH inner names, a Host behind the right SNI):
+// those reach the same allowed destination.
 //
 // # Counting
 //

@@ -20,26 +20,21 @@ var errFraming = errors.New("egress: malformed request body framing")
 // request after request (keep-alive, pipelining), each with its Host
 // checked against the tunnel's host and its body framed so the next
 // request is found; a virtual host other than the decided one cannot be
-// reached on the same connection. After a request asking to upgrade, a
-// stream that goes on with a client WebSocket frame is relayed opaque;
-// anything else must again be a request. It returns a Reason when a
+// reached on the same connection. skip bytes of the first request head
+// were forwarded already (see relaySniffed). Nothing after an upgrade
+// request goes opaque: the proxy does not see whether the upstream
+// switched protocols, so what follows must still be requests (WebSocket
+// inside a CONNECT works over TLS, wss://). It returns a Reason when a
 // request is refused, or the relay's error; ("", nil) at the client's EOF.
-func (t *tunnel) relayHTTP(dst io.Writer, br *bufio.Reader, host string) (reason string, err error) {
-	upgrade := false
+func (t *tunnel) relayHTTP(dst io.Writer, br *bufio.Reader, skip int) (reason string, err error) {
 	for {
-		b, err := br.Peek(1)
-		if err != nil {
+		if _, err := br.Peek(1); err != nil {
 			if errors.Is(err, io.EOF) {
 				return "", nil
 			}
 			return "", err
 		}
-		if upgrade {
-			if b, err = br.Peek(2); err == nil && isClientWSFrame(b) {
-				return "", t.pipe(dst, br)
-			}
-		}
-		req, n, reason, err := checkHead(br, host)
+		n, chunked, length, reason, err := checkHead(br, t.host, t.port)
 		if err != nil {
 			return "", nil // EOF before another request
 		}
@@ -47,10 +42,10 @@ func (t *tunnel) relayHTTP(dst io.Writer, br *bufio.Reader, host string) (reason
 			return reason, nil
 		}
 		head, _ := br.Peek(n)
-		chunked, length, _ := framing(head)
-		if _, err := dst.Write(head); err != nil {
+		if _, err := dst.Write(head[min(skip, n):]); err != nil {
 			return "", err
 		}
+		skip = 0
 		_, _ = br.Discard(n)
 		t.touch()
 		switch {
@@ -65,51 +60,160 @@ func (t *tunnel) relayHTTP(dst io.Writer, br *bufio.Reader, host string) (reason
 		if err != nil {
 			return "", err
 		}
-		upgrade = req.Header.Get("Upgrade") != ""
 	}
 }
 
-// isClientWSFrame: a WebSocket frame from a client has a known opcode and,
-// always, the mask bit, which no byte of an HTTP method token has.
-func isClientWSFrame(b []byte) bool {
-	switch b[0] & 0x0f {
-	case 0x0, 0x1, 0x2, 0x8, 0x9, 0xa:
-		return b[1]&0x80 != 0
+// maxRequestLine: no common server takes a longer first line as a request
+// line (Go's 1 MiB header limit, Node's 16 KiB, Python's 64 KiB).
+const maxRequestLine = 1<<20 + 64<<10
+
+// relaySniffed forwards the client's side of a tunnel to a port other than
+// 80 and 443 that did not start with TLS. Servers are lenient about request
+// lines (Python's takes any whitespace, non-ASCII targets and blank lines
+// first), so the stream is taken for HTTP by what every HTTP/1 request line
+// has: "HTTP/" in its first non-blank line. Until that line ends its bytes
+// flow (a protocol that sends a few bytes and waits is not held up; no
+// server acts on a request before its head is complete); a line with
+// "HTTP/" then makes the whole head, and every request after it, go through
+// relayHTTP's checks, and a line without it makes the rest opaque.
+func (t *tunnel) relaySniffed(dst io.Writer, br *bufio.Reader) (reason string, err error) {
+	var sent []byte // bytes of the current line already forwarded (up to inspectBufSize)
+	lineLen := 0
+	sawHTTP, blank := false, true
+	var edge []byte // the last bytes forwarded, to find "HTTP/" across reads
+	for {
+		if _, err := br.Peek(1); err != nil {
+			if errors.Is(err, io.EOF) {
+				return "", nil
+			}
+			return "", err
+		}
+		b, _ := br.Peek(br.Buffered())
+		i := bytes.IndexByte(b, '\n')
+		seg := b
+		if i >= 0 {
+			seg = b[:i+1]
+		}
+		scan := append(edge, seg...)
+		sawHTTP = sawHTTP || containsFold(scan, "http/")
+		blank = blank && isBlankLine(seg)
+		if i < 0 || blank {
+			// The line goes on (or is blank, which servers skip): forward.
+			if lineLen += len(seg); lineLen <= inspectBufSize {
+				sent = append(sent, seg...)
+			}
+			edge = append(edge[:0], scan[max(0, len(scan)-4):]...)
+			if _, err := dst.Write(seg); err != nil {
+				return "", err
+			}
+			_, _ = br.Discard(len(seg))
+			t.touch()
+			if i >= 0 { // a blank line ended: the next one decides
+				sent, lineLen, sawHTTP, edge = sent[:0], 0, false, edge[:0]
+			} else if lineLen > maxRequestLine && !sawHTTP {
+				return "", t.pipe(dst, br)
+			}
+			continue
+		}
+		if !sawHTTP {
+			return "", t.pipe(dst, br) // not an HTTP/1 request: opaque from here
+		}
+		if lineLen > inspectBufSize {
+			return ReasonBadHello, nil
+		}
+		if len(sent) == 0 {
+			return t.relayHTTP(dst, br, 0)
+		}
+		// Part of the request line went out before it was complete: check
+		// the whole head, forwarding only the rest.
+		whole := bufio.NewReaderSize(io.MultiReader(bytes.NewReader(bytes.Clone(sent)), br), 2*inspectBufSize)
+		return t.relayHTTP(dst, whole, len(sent))
+	}
+}
+
+func asciiLower(c byte) byte {
+	if 'A' <= c && c <= 'Z' {
+		return c + 'a' - 'A'
+	}
+	return c
+}
+
+// isBlankLine: only characters some server (Python's str.split) takes for
+// whitespace, so it skips the line before a request.
+func isBlankLine(b []byte) bool {
+	for _, c := range b {
+		switch c {
+		case ' ', '\t', '\n', '\v', '\f', '\r', 0x1c, 0x1d, 0x1e, 0x1f, 0x85, 0xa0:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// containsFold reports whether b contains lower (ASCII lower case) in any
+// ASCII case.
+func containsFold(b []byte, lower string) bool {
+	for i := 0; i+len(lower) <= len(b); i++ {
+		j := 0
+		for j < len(lower) && asciiLower(b[i+j]) == lower[j] {
+			j++
+		}
+		if j == len(lower) {
+			return true
+		}
 	}
 	return false
 }
 
 // checkHead peeks the next request head and checks it: the Host rule and
-// unambiguous framing. err is set only at a clean EOF before any byte.
-func checkHead(br *bufio.Reader, host string) (req *http.Request, n int, reason string, err error) {
-	req, n, err = readHTTPHead(br)
+// unambiguous framing (see framing; and no body on a method whose body
+// servers commonly ignore, which would then read it as another request).
+// n is the head's length; err is set only at a clean EOF before any byte.
+func checkHead(br *bufio.Reader, host string, port int) (n int, chunked bool, length int64, reason string, err error) {
+	req, n, err := readHTTPHead(br)
 	if n > 0 {
 		head, _ := br.Peek(n)
-		if _, _, ok := framing(head); !ok {
-			return nil, 0, ReasonHTTPFraming, nil
+		var ok bool
+		if chunked, length, ok = framing(head); !ok {
+			return 0, false, 0, ReasonHTTPFraming, nil
 		}
 	}
 	if err != nil {
 		if errors.Is(err, io.EOF) && br.Buffered() == 0 {
-			return nil, 0, "", err
+			return 0, false, 0, "", err
 		}
-		return nil, 0, ReasonNotHTTP, nil
+		return 0, false, 0, ReasonNotHTTP, nil
 	}
-	return req, n, checkRequest(req, host), nil
+	if chunked && !req.ProtoAtLeast(1, 1) { // HTTP/1.0 servers ignore Transfer-Encoding
+		return 0, false, 0, ReasonHTTPFraming, nil
+	}
+	if (chunked || length > 0) && bodiless(req.Method) {
+		return 0, false, 0, ReasonHTTPFraming, nil
+	}
+	return n, chunked, length, checkRequest(req, host, port), nil
+}
+
+// bodiless: methods whose body many servers never read.
+func bodiless(method string) bool {
+	switch method {
+	case http.MethodGet, http.MethodHead, http.MethodDelete, http.MethodOptions, http.MethodTrace, http.MethodConnect:
+		return true
+	}
+	return false
 }
 
 // checkRequest applies the Host rule to one request in a tunnel: no proxy
-// (absolute-form) request, and a Host naming the CONNECT host.
-func checkRequest(req *http.Request, host string) string {
+// (absolute-form) request, and a Host that is the CONNECT host exactly
+// (ASCII case aside), with no port or the CONNECT port: forms that only
+// normalize to it (a trailing dot, full-width letters) may be routed
+// differently upstream.
+func checkRequest(req *http.Request, host string, port int) string {
 	if req.URL.IsAbs() || req.URL.Host != "" {
 		return ReasonAbsoluteForm
 	}
-	h, _, err := splitHostPort(req.Host, 80)
-	if err != nil {
-		return ReasonHostMismatch
-	}
-	norm, _, err := normalizeHost(h)
-	if err != nil || norm != host {
+	h, p, err := splitHostPort(req.Host, port)
+	if err != nil || p != port || !strings.EqualFold(h, host) {
 		return ReasonHostMismatch
 	}
 	return ""

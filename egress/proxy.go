@@ -470,6 +470,13 @@ func (p *Proxy) onRequest(r *http.Request, ctx *goproxy.ProxyCtx) (*http.Request
 		s.deny(h, 0, ReasonScheme)
 		return r, denyResponse(r, ReasonScheme, denyText(ReasonScheme, h, 0))
 	}
+	if bodiless(r.Method) && (r.ContentLength != 0 || len(r.TransferEncoding) > 0) {
+		// An upstream that never reads such a body would take it for the
+		// next request: one the proxy never decided.
+		h := cleanHost(r.URL.Host)
+		s.deny(h, 0, ReasonHTTPFraming)
+		return r, denyResponse(r, ReasonHTTPFraming, "egress denied (ambiguous_http_framing): a "+r.Method+" request may not carry a body\n")
+	}
 	rawHost, port, err := splitHostPort(r.URL.Host, 80)
 	if err != nil {
 		reason := ReasonInvalidHost
@@ -556,9 +563,12 @@ func newTransport(s *session) *http.Transport {
 		DialTLSContext: func(context.Context, string, string) (net.Conn, error) {
 			return nil, errors.New("egress: https is tunneled with CONNECT, never terminated")
 		},
-		TLSClientConfig:        &tls.Config{MinVersion: tls.VersionTLS12}, // unused: no TLS dialing
-		TLSNextProto:           map[string]func(string, *tls.Conn) http.RoundTripper{},
-		DisableCompression:     true,
+		TLSClientConfig:    &tls.Config{MinVersion: tls.VersionTLS12}, // unused: no TLS dialing
+		TLSNextProto:       map[string]func(string, *tls.Conn) http.RoundTripper{},
+		DisableCompression: true,
+		// Idle upstream connections are not client connections: bound them
+		// per session, or wildcard hosts would let one sandbox hold many.
+		MaxIdleConns:           8,
 		MaxIdleConnsPerHost:    4,
 		IdleConnTimeout:        s.pol.idleTimeout(),
 		ExpectContinueTimeout:  time.Second,

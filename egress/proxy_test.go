@@ -10,9 +10,11 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -546,5 +548,74 @@ func TestTunnelHostRule(t *testing.T) {
 			t.Errorf("%q went through", tc.send)
 		}
 		e.events.waitDenied(t, tc.reason)
+	}
+}
+
+// Idle upstream connections of plain HTTP are bounded per session: one
+// client connection asking many wildcard hosts holds few of them.
+func TestIdleUpstreamsBounded(t *testing.T) {
+	var open atomic.Int64
+	up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	up.Config.ConnState = func(c net.Conn, st http.ConnState) {
+		switch st {
+		case http.StateNew:
+			open.Add(1)
+		case http.StateClosed, http.StateHijacked:
+			open.Add(-1)
+		}
+	}
+	up.Start()
+	t.Cleanup(up.Close)
+	port := portOf(t, up.URL)
+	e := newEnv(t, testConfig(port))
+	addr := e.serve("s1", 0, 1<<30)
+	c := client(addr)
+	for i := 0; i < 60; i++ {
+		name := fmt.Sprintf("h%d.wild.test", i)
+		e.res.set(name, "127.0.0.1")
+		if code, _, _ := get(t, c, fmt.Sprintf("http://%s:%d/", name, port)); code != 200 {
+			t.Fatalf("%s: %d", name, code)
+		}
+	}
+	deadline := time.Now().Add(3 * time.Second)
+	for open.Load() > 8 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := open.Load(); n > 8 {
+		t.Errorf("%d upstream connections held open for one client", n)
+	}
+}
+
+// A plain GET with a body is refused: an upstream that ignores GET bodies
+// would read it as a second request, one the proxy never decided.
+func TestPlainBodilessMethodWithBody(t *testing.T) {
+	var paths []string
+	var mu sync.Mutex
+	up := newHTTPUpstream(t, nil, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		paths = append(paths, r.Host+r.URL.Path)
+		mu.Unlock()
+	}))
+	port := portOf(t, up.URL)
+	e := newEnv(t, testConfig(port))
+	addr := e.serve("s1", 0, 1<<30)
+	hidden := "GET /smuggled HTTP/1.1\r\nHost: evil.test\r\n\r\n"
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "GET http://allowed.test:%d/a HTTP/1.1\r\nHost: allowed.test:%d\r\nContent-Length: %d\r\n\r\n%s", port, port, len(hidden), hidden)
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != 403 || resp.Header.Get("X-Egress-Denied") != ReasonHTTPFraming {
+		t.Errorf("GET with a body: %s %v", resp.Status, resp.Header)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(paths) != 0 {
+		t.Errorf("upstream served %v", paths)
 	}
 }

@@ -83,6 +83,7 @@ func (p *Proxy) connect(w http.ResponseWriter, r *http.Request, c *sessConn) {
 	p.met.allowed.Inc()
 
 	t := newTunnel(c, tc, s.pol.idleTimeout())
+	t.host, t.port = host, port
 	defer t.stop()
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -119,7 +120,7 @@ func (p *Proxy) connect(w http.ResponseWriter, r *http.Request, c *sessConn) {
 		deadline()
 	}
 	br := bufio.NewReaderSize(src, inspectBufSize)
-	reason, isHTTP, eof := inspect(br, arm, mode, s.pol, host, ip, port)
+	reason, next, eof := inspect(br, arm, mode, s.pol, host, ip, port)
 	_ = c.SetReadDeadline(time.Time{})
 	if reason != "" || eof {
 		if !eof {
@@ -131,85 +132,87 @@ func (p *Proxy) connect(w http.ResponseWriter, r *http.Request, c *sessConn) {
 	if !started {
 		startDown()
 	}
-	if isHTTP {
-		// Every request on the tunnel is checked, not just the first.
-		reason, err := t.relayHTTP(tc, br, host)
-		if reason != "" {
-			s.deny(host, port, reason)
-		}
-		if reason != "" || err != nil {
-			t.closeBoth()
-		} else {
-			closeWrite(tc.Conn)
-		}
-		return
+	switch next {
+	case relayRequests: // every request on the tunnel is checked, not just the first
+		reason, err = t.relayHTTP(tc, br, 0)
+	case relaySniffed:
+		reason, err = t.relaySniffed(tc, br)
+	default: // a checked TLS handshake: the rest is opaque
+		err = t.pipe(tc, br)
 	}
-	// Replay what inspection peeked, then the rest of the stream.
-	rest := src
-	if n := br.Buffered(); n > 0 {
-		b, _ := br.Peek(n)
-		rest = io.MultiReader(bytes.NewReader(bytes.Clone(b)), src)
+	if reason != "" {
+		s.deny(host, port, reason)
 	}
-	if err := t.pipe(tc, rest); err != nil {
+	if reason != "" || err != nil {
 		t.closeBoth()
 	} else {
 		closeWrite(tc.Conn)
 	}
 }
 
+// What follows a tunnel's first message.
+type relayKind int
+
+const (
+	relayOpaque   relayKind = iota // TLS after a checked ClientHello
+	relayRequests                  // HTTP/1 requests, each checked (relayHTTP)
+	relaySniffed                   // not TLS on another port: decided by its first line (relaySniffed)
+)
+
 type inspectMode int
 
 const (
-	sniffMode inspectMode = iota // other ports: TLS -> SNI rule, HTTP -> Host rule, else allow
+	sniffMode inspectMode = iota // other ports: TLS -> SNI rule, HTTP -> Host rule (relaySniffed), else opaque
 	tlsMode                      // 443: must be a TLS ClientHello with the right SNI
 	httpMode                     // 80: must be an HTTP request with the right Host
 )
 
 // inspect checks the client's first message in a tunnel to host:port; arm
 // is called when its first byte has arrived (to start the deadline on the
-// rest of it). It
-// returns a Reason when refused, whether the stream is HTTP (to be relayed
-// request by request), or eof when the client closed before sending
-// anything, which is not a denial (a client too slow to send is:
-// ReasonBadHello).
-func inspect(br *bufio.Reader, arm func(), mode inspectMode, pol *Policy, host string, ip netip.Addr, port int) (reason string, isHTTP, eof bool) {
+// rest of it). It returns a Reason when refused, how to relay what follows,
+// or eof when the client closed before sending anything, which is not a
+// denial (a client too slow to send is: ReasonBadHello).
+func inspect(br *bufio.Reader, arm func(), mode inspectMode, pol *Policy, host string, ip netip.Addr, port int) (reason string, next relayKind, eof bool) {
 	first, err := br.Peek(1)
 	if err != nil {
 		if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
-			return "", false, true
+			return "", 0, true
 		}
-		return ReasonBadHello, false, false
+		return ReasonBadHello, 0, false
 	}
 	arm() // the first byte is here: the rest of the first message has a deadline
-	isTLS := first[0] == recordHandshake
-	if !isTLS {
-		var decided bool
-		if isHTTP, decided = peekRequestLine(br); !decided {
-			return ReasonBadHello, false, false
+	if first[0] == recordHandshake {
+		if mode == httpMode {
+			return ReasonNotHTTP, 0, false
 		}
+		return checkHello(br, pol, host, ip, port), relayOpaque, false
 	}
+	if mode == sniffMode {
+		return "", relaySniffed, false
+	}
+	isHTTP, decided := peekRequestLine(br)
 	switch {
+	case !decided:
+		return ReasonBadHello, 0, false
 	case mode == tlsMode && isHTTP:
-		return ReasonHTTPInTunnel, false, false
-	case mode == tlsMode && !isTLS:
-		return ReasonNotTLS, false, false
-	case mode == httpMode && !isHTTP:
-		return ReasonNotHTTP, false, false
-	case isTLS:
-		return checkHello(br, pol, host, ip, port), false, false
-	case isHTTP:
-		return checkHTTP(br, host), true, false
+		return ReasonHTTPInTunnel, 0, false
+	case mode == tlsMode:
+		return ReasonNotTLS, 0, false
+	case !isHTTP:
+		return ReasonNotHTTP, 0, false
 	}
-	return "", false, false
+	return checkHTTP(br, host, port), relayRequests, false
 }
 
 // peekRequestLine tells whether the stream starts like an HTTP/1 request
 // line: optional blank lines (which servers skip), a method token of any
 // case, a target, then " HTTP/". It reads on only while the bytes can still
 // be such a prefix, so another protocol is told apart at its first byte
-// that breaks the grammar. decided is false when the stream ended, timed
-// out or grew too long while it could still be a request line: the caller
-// must refuse it, or a slow or long request would pass unchecked.
+// that breaks the grammar. decided is false when the stream ended or timed
+// out while it could still be a request line. It serves ports 80 and 443,
+// where anything but a strict request line (80) or anything at all (443)
+// is refused, so lenient forms some servers take are refused too; other
+// ports go through relaySniffed.
 func peekRequestLine(br *bufio.Reader) (isHTTP, decided bool) {
 	const (
 		blank = iota
@@ -305,8 +308,8 @@ func checkHello(br *bufio.Reader, pol *Policy, host string, ip netip.Addr, port 
 // checkHTTP applies the Host rule to the first request in a tunnel (so a
 // refused tunnel forwards nothing); relayHTTP checks it and every later one
 // again as it forwards them.
-func checkHTTP(br *bufio.Reader, host string) string {
-	_, _, reason, err := checkHead(br, host)
+func checkHTTP(br *bufio.Reader, host string, port int) string {
+	_, _, _, reason, err := checkHead(br, host, port)
 	if err != nil {
 		return ReasonNotHTTP
 	}
@@ -319,6 +322,8 @@ type tunnel struct {
 	c    *sessConn
 	up   net.Conn
 	idle time.Duration
+	host string // the CONNECT host (normalized) and port
+	port int
 	last atomic.Int64 // unix nanoseconds of the last byte either way
 
 	mu      sync.Mutex

@@ -235,6 +235,10 @@ def http_in_tunnel(name, req):
 http_in_tunnel("tunnel-same-host", b"GET /small HTTP/1.1\r\nHost: pkgs.sandboxd.test\r\nConnection: close\r\n\r\n")
 http_in_tunnel("tunnel-host-mismatch", b"GET /small HTTP/1.1\r\nHost: evil.example\r\nConnection: close\r\n\r\n")
 http_in_tunnel("tunnel-absolute-form", b"GET http://evil.example/small HTTP/1.1\r\nHost: evil.example\r\nConnection: close\r\n\r\n")
+# Lenient servers (Python's) take these for requests; the proxy must too.
+http_in_tunnel("tunnel-leading-space", b" GET /small HTTP/1.1\r\nHost: evil.example\r\nConnection: close\r\n\r\n")
+http_in_tunnel("tunnel-blank-line-first", b" \r\nGET /small HTTP/1.1\r\nHost: evil.example\r\nConnection: close\r\n\r\n")
+http_in_tunnel("tunnel-blank-line-same-host", b"\r\nGET /small HTTP/1.1\r\nHost: pkgs.sandboxd.test\r\nConnection: close\r\n\r\n")
 
 # Keep-alive: the first request is answered, a second one naming another
 # virtual host on the same connection must not reach the upstream.
@@ -418,6 +422,7 @@ print(hashlib.sha256(urllib.request.urlopen(sys.argv[1], context=ctx).read()).he
 			"sni-match": "open True", "sni-mismatch": "refused",
 			"tunnel-same-host": "open", "tunnel-host-mismatch": "refused", "tunnel-absolute-form": "refused",
 			"tunnel-second-same-host": "2", "tunnel-second-host-mismatch": "1",
+			"tunnel-leading-space": "refused", "tunnel-blank-line-first": "refused",
 		}
 		got := map[string]string{}
 		for _, ln := range strings.Split(strings.TrimSpace(r.Stdout), "\n") {
