@@ -498,11 +498,13 @@ func (p *Proxy) onRequest(r *http.Request, ctx *goproxy.ProxyCtx) (*http.Request
 	// Forward exactly what was decided: the normalized authority.
 	auth := authority(host, port, 80)
 	r.URL.Host, r.Host = auth, auth
-	d := s.dest(host)
-	c.attach(d)
 	ctx.RoundTripper = goproxy.RoundTripperFunc(func(req *http.Request, _ *goproxy.ProxyCtx) (*http.Response, error) {
 		resp, err := s.tr.RoundTrip(req)
 		if err == nil {
+			// Recorded once the destination answered: a refused or failed
+			// dial leaves no per-host entry (its bytes stay in Usage).
+			d := s.dest(host)
+			c.attach(d)
 			d.conns.Add(1)
 			p.met.allowed.Inc()
 			return resp, nil

@@ -619,3 +619,19 @@ func TestPlainBodilessMethodWithBody(t *testing.T) {
 		t.Errorf("upstream served %v", paths)
 	}
 }
+
+// A plain request refused at dial time leaves no per-host record.
+func TestDestinationsOnlyAfterAnswer(t *testing.T) {
+	e := newEnv(t, testConfig())
+	addr := e.serve("s1", 0, 1<<30)
+	if code, _, _ := get(t, client(addr), "http://meta.test/latest/meta-data/"); code != 403 {
+		t.Fatalf("metadata name: %d", code)
+	}
+	e.events.waitDenied(t, ReasonForbiddenAddress)
+	if d, ok := e.p.Destinations("s1")["meta.test"]; ok {
+		t.Errorf("refused destination recorded: %+v", d)
+	}
+	if used, _, _ := e.p.Usage("s1"); used == 0 {
+		t.Error("the refused request's bytes were not counted")
+	}
+}
