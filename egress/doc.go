@@ -31,9 +31,15 @@
 // 80 it must be a strict HTTP/1 request in origin form. On other ports TLS
 // gets the SNI rule; otherwise the first non-blank line decides, since
 // servers are lenient about request lines (Python's takes any whitespace,
-// a leading blank line, non-ASCII targets): a line containing "HTTP/"
-// makes the stream HTTP, anything else (SSH, a binary protocol) passes
-// opaque, and the server's bytes flow meanwhile. HTTP is relayed request
+// a leading blank line, version-less HTTP/0.9 lines whose headers it still
+// reads; Node's takes RTSP/ and ICE/ versions): a line shaped like a
+// request line (a token, whitespace, anything) must be a strict HTTP/1.x
+// request line and makes the stream HTTP, so text protocols whose client
+// speaks first in that shape (SMTP's EHLO, Redis commands with arguments)
+// are refused on such ports; anything else (an SSH banner, a binary
+// protocol) passes opaque, and the server's bytes flow meanwhile. A
+// partial first line may reach the upstream before it is decided, never a
+// whole request head. HTTP is relayed request
 // by request: every request (keep-alive, pipelined) must parse strictly
 // and name the CONNECT host exactly (ASCII case aside; no trailing dot, no
 // other port); bodies are framed strictly (one Content-Length, or chunked,
@@ -42,9 +48,11 @@
 // ends only), so a request hidden in a body stays data; and nothing goes
 // opaque after an upgrade request, since the proxy does not see whether
 // the upstream switched (WebSocket in a tunnel works as wss://). Plain
-// HTTP refuses bodies on the same methods. Inside TLS nothing is seen
-// (HTTP/2 authorities, ECH inner names, a Host behind the right SNI):
-// those reach the same allowed destination.
+// HTTP refuses bodies on the same methods. Not covered: an upstream
+// handler that answers a POST without reading its body (Python's
+// http.server then reads the body as the next request); inside TLS
+// nothing is seen (HTTP/2 authorities, ECH inner names, a Host behind the
+// right SNI): those reach the same allowed destination.
 //
 // # Counting
 //

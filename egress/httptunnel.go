@@ -69,18 +69,27 @@ const maxRequestLine = 1<<20 + 64<<10
 
 // relaySniffed forwards the client's side of a tunnel to a port other than
 // 80 and 443 that did not start with TLS. Servers are lenient about request
-// lines (Python's takes any whitespace, non-ASCII targets and blank lines
-// first), so the stream is taken for HTTP by what every HTTP/1 request line
-// has: "HTTP/" in its first non-blank line. Until that line ends its bytes
-// flow (a protocol that sends a few bytes and waits is not held up; no
-// server acts on a request before its head is complete); a line with
-// "HTTP/" then makes the whole head, and every request after it, go through
-// relayHTTP's checks, and a line without it makes the rest opaque.
+// lines: Python's takes any whitespace, a leading blank line and version-less
+// (HTTP/0.9) lines whose headers it still reads; Node's takes RTSP/ and ICE/
+// versions. So the first non-blank line counts as a request line when it is
+// shaped like one: a token, whitespace, then anything. Such a line must turn
+// out a strict HTTP/1 request, whose head, like every request after it, then
+// passes relayHTTP's checks; any other line (SSH's banner, binary protocols)
+// makes the rest opaque. Until the line is decided its bytes flow, so a
+// protocol that sends a few bytes and waits is not held up; no server acts
+// on a request before its head is complete.
 func (t *tunnel) relaySniffed(dst io.Writer, br *bufio.Reader) (reason string, err error) {
-	var sent []byte // bytes of the current line already forwarded (up to inspectBufSize)
+	const (
+		lead   = iota // whitespace before the first token (a blank line if it ends)
+		token         // the method token
+		gap           // whitespace after it
+		shaped        // a request line: decided HTTP, waiting for its end
+	)
+	state := lead
+	var sent []byte // the current line's bytes already forwarded (up to inspectBufSize)
+	var tok []byte  // the token's first bytes (to tell an SSH banner)
 	lineLen := 0
-	sawHTTP, blank := false, true
-	var edge []byte // the last bytes forwarded, to find "HTTP/" across reads
+read:
 	for {
 		if _, err := br.Peek(1); err != nil {
 			if errors.Is(err, io.EOF) {
@@ -89,79 +98,102 @@ func (t *tunnel) relaySniffed(dst io.Writer, br *bufio.Reader) (reason string, e
 			return "", err
 		}
 		b, _ := br.Peek(br.Buffered())
-		i := bytes.IndexByte(b, '\n')
-		seg := b
-		if i >= 0 {
-			seg = b[:i+1]
-		}
-		scan := append(edge, seg...)
-		sawHTTP = sawHTTP || containsFold(scan, "http/")
-		blank = blank && isBlankLine(seg)
-		if i < 0 || blank {
-			// The line goes on (or is blank, which servers skip): forward.
-			if lineLen += len(seg); lineLen <= inspectBufSize {
-				sent = append(sent, seg...)
-			}
-			edge = append(edge[:0], scan[max(0, len(scan)-4):]...)
-			if _, err := dst.Write(seg); err != nil {
-				return "", err
-			}
-			_, _ = br.Discard(len(seg))
-			t.touch()
-			if i >= 0 { // a blank line ended: the next one decides
-				sent, lineLen, sawHTTP, edge = sent[:0], 0, false, edge[:0]
-			} else if lineLen > maxRequestLine && !sawHTTP {
+		for i, c := range b {
+			switch {
+			case c == '\n' && state == shaped:
+				if lineLen+i+1 > inspectBufSize {
+					return ReasonBadHello, nil
+				}
+				// Decide now, not when a head that may never come is complete
+				// (a text protocol's client waits for an answer).
+				if !strictRequestLine(append(bytes.Clone(sent), b[:i+1]...)) {
+					return ReasonNotHTTP, nil
+				}
+				if len(sent) == 0 {
+					return t.relayHTTP(dst, br, 0)
+				}
+				// Part of the request line went out before it was decided:
+				// check the whole head, forwarding only the rest.
+				whole := bufio.NewReaderSize(io.MultiReader(bytes.NewReader(bytes.Clone(sent)), br), 2*inspectBufSize)
+				return t.relayHTTP(dst, whole, len(sent))
+			case c == '\n' && state == lead: // a blank line, which servers skip
+				if err := t.forward(dst, br, i+1); err != nil {
+					return "", err
+				}
+				sent, lineLen = sent[:0], 0
+				continue read
+			case c == '\n':
+				return "", t.pipe(dst, br) // a single token: not a request line
+			case state == lead && isSpace(c):
+			case state == lead && isTokenChar(c):
+				state, tok = token, append(tok, c)
+			case state == token && isTokenChar(c):
+				if len(tok) < 4 {
+					tok = append(tok, c)
+				}
+			case state == token && isSpace(c):
+				if string(tok) == "SSH-" {
+					return "", t.pipe(dst, br) // an SSH banner with a comment
+				}
+				state = gap
+			case state == gap && isSpace(c):
+			case state == gap:
+				state = shaped
+			case state == shaped:
+				if lineLen+i+1 > inspectBufSize {
+					return ReasonBadHello, nil
+				}
+			default: // a byte no request line has here
 				return "", t.pipe(dst, br)
 			}
-			continue
 		}
-		if !sawHTTP {
-			return "", t.pipe(dst, br) // not an HTTP/1 request: opaque from here
+		// The line goes on: forward what is here.
+		if lineLen += len(b); lineLen <= inspectBufSize {
+			sent = append(sent, b...)
 		}
-		if lineLen > inspectBufSize {
-			return ReasonBadHello, nil
+		if err := t.forward(dst, br, len(b)); err != nil {
+			return "", err
 		}
-		if len(sent) == 0 {
-			return t.relayHTTP(dst, br, 0)
+		if lineLen > maxRequestLine { // longer than any server's request line
+			return "", t.pipe(dst, br)
 		}
-		// Part of the request line went out before it was complete: check
-		// the whole head, forwarding only the rest.
-		whole := bufio.NewReaderSize(io.MultiReader(bytes.NewReader(bytes.Clone(sent)), br), 2*inspectBufSize)
-		return t.relayHTTP(dst, whole, len(sent))
 	}
 }
 
-func asciiLower(c byte) byte {
-	if 'A' <= c && c <= 'Z' {
-		return c + 'a' - 'A'
+// strictRequestLine: "METHOD SP target SP HTTP/1.x CRLF" and nothing else.
+func strictRequestLine(l []byte) bool {
+	l, ok := bytes.CutSuffix(l, []byte("\r\n"))
+	if !ok {
+		return false
 	}
-	return c
+	method, rest, ok := bytes.Cut(l, []byte(" "))
+	if !ok || len(method) == 0 || bytes.ContainsFunc(method, func(r rune) bool { return r > 0x7f || !isTokenChar(byte(r)) }) {
+		return false
+	}
+	target, version, ok := bytes.Cut(rest, []byte(" "))
+	if !ok || len(target) == 0 || bytes.ContainsFunc(target, func(r rune) bool { return r <= ' ' || r >= 0x7f }) {
+		return false
+	}
+	return string(version) == "HTTP/1.1" || string(version) == "HTTP/1.0"
 }
 
-// isBlankLine: only characters some server (Python's str.split) takes for
-// whitespace, so it skips the line before a request.
-func isBlankLine(b []byte) bool {
-	for _, c := range b {
-		switch c {
-		case ' ', '\t', '\n', '\v', '\f', '\r', 0x1c, 0x1d, 0x1e, 0x1f, 0x85, 0xa0:
-		default:
-			return false
-		}
+// forward writes the next n buffered bytes of br to dst.
+func (t *tunnel) forward(dst io.Writer, br *bufio.Reader, n int) error {
+	b, _ := br.Peek(n)
+	if _, err := dst.Write(b); err != nil {
+		return err
 	}
-	return true
+	_, _ = br.Discard(n)
+	t.touch()
+	return nil
 }
 
-// containsFold reports whether b contains lower (ASCII lower case) in any
-// ASCII case.
-func containsFold(b []byte, lower string) bool {
-	for i := 0; i+len(lower) <= len(b); i++ {
-		j := 0
-		for j < len(lower) && asciiLower(b[i+j]) == lower[j] {
-			j++
-		}
-		if j == len(lower) {
-			return true
-		}
+// isSpace: what Python's str.split takes for whitespace (on a latin-1
+// line), a superset of what other servers do.
+func isSpace(c byte) bool {
+	switch c {
+	case ' ', '\t', '\v', '\f', '\r', 0x1c, 0x1d, 0x1e, 0x1f, 0x85, 0xa0:
+		return true
 	}
 	return false
 }
