@@ -76,44 +76,49 @@ const maxRequestLine = 1<<20 + 64<<10
 // out a strict HTTP/1 request, whose head, like every request after it, then
 // passes relayHTTP's checks; any other line (SSH's banner, binary protocols)
 // makes the rest opaque. Until the line is decided its bytes flow, so a
-// protocol that sends a few bytes and waits is not held up; no server acts
-// on a request before its head is complete.
+// protocol that sends a few bytes and waits is not held up; once it is
+// shaped like a request line (a token, whitespace, more) the rest of it is
+// held until it ends, so no server sees a partial one (Python's serves one
+// at EOF).
 func (t *tunnel) relaySniffed(dst io.Writer, br *bufio.Reader) (reason string, err error) {
 	const (
 		lead   = iota // whitespace before the first token (a blank line if it ends)
 		token         // the method token
 		gap           // whitespace after it
-		shaped        // a request line: decided HTTP, waiting for its end
+		shaped        // a request line: held back until it ends and is checked
 	)
 	state := lead
 	var sent []byte // the current line's bytes already forwarded (up to inspectBufSize)
 	var tok []byte  // the token's first bytes (to tell an SSH banner)
-	lineLen := 0
+	lineLen, held := 0, 0
 read:
 	for {
-		if _, err := br.Peek(1); err != nil {
-			if errors.Is(err, io.EOF) {
+		if _, err := br.Peek(held + 1); err != nil {
+			switch {
+			case errors.Is(err, bufio.ErrBufferFull): // a request line longer than any head we take
+				return ReasonBadHello, nil
+			case errors.Is(err, io.EOF): // what is held is dropped: a partial request line is never sent
 				return "", nil
 			}
 			return "", err
 		}
 		b, _ := br.Peek(br.Buffered())
-		for i, c := range b {
+		for i := held; i < len(b); i++ {
+			c := b[i]
 			switch {
 			case c == '\n' && state == shaped:
-				if lineLen+i+1 > inspectBufSize {
-					return ReasonBadHello, nil
-				}
-				// Decide now, not when a head that may never come is complete
-				// (a text protocol's client waits for an answer).
-				if !strictRequestLine(append(bytes.Clone(sent), b[:i+1]...)) {
+				line := append(bytes.Clone(sent), b[:i+1]...)
+				if !strictRequestLine(line) {
+					if bytes.HasPrefix(tok, []byte("SSH-")) && !bytes.Contains(line, []byte("HTTP/")) {
+						return "", t.pipe(dst, br) // an SSH banner with a comment
+					}
 					return ReasonNotHTTP, nil
 				}
 				if len(sent) == 0 {
 					return t.relayHTTP(dst, br, 0)
 				}
-				// Part of the request line went out before it was decided:
-				// check the whole head, forwarding only the rest.
+				// The line's start went out while undecided: check the
+				// whole head, forwarding only the rest.
 				whole := bufio.NewReaderSize(io.MultiReader(bytes.NewReader(bytes.Clone(sent)), br), 2*inspectBufSize)
 				return t.relayHTTP(dst, whole, len(sent))
 			case c == '\n' && state == lead: // a blank line, which servers skip
@@ -132,22 +137,32 @@ read:
 					tok = append(tok, c)
 				}
 			case state == token && isSpace(c):
-				if string(tok) == "SSH-" {
-					return "", t.pipe(dst, br) // an SSH banner with a comment
-				}
 				state = gap
 			case state == gap && isSpace(c):
 			case state == gap:
+				// Shaped like a request line: what came before may go (a
+				// token and spaces are no request to any server), the rest
+				// waits for the line's end.
 				state = shaped
-			case state == shaped:
-				if lineLen+i+1 > inspectBufSize {
-					return ReasonBadHello, nil
+				if lineLen += i; lineLen <= inspectBufSize {
+					sent = append(sent, b[:i]...)
 				}
+				if err := t.forward(dst, br, i); err != nil {
+					return "", err
+				}
+				held = 1
+				continue read
+			case state == shaped:
 			default: // a byte no request line has here
 				return "", t.pipe(dst, br)
 			}
 		}
-		// The line goes on: forward what is here.
+		if state == shaped {
+			held = len(b)
+			continue
+		}
+		// Undecided: forward what is here, so a protocol that sends a few
+		// bytes and waits is not held up.
 		if lineLen += len(b); lineLen <= inspectBufSize {
 			sent = append(sent, b...)
 		}
