@@ -256,8 +256,8 @@ func bodiless(method string) bool {
 // normalize to it (a trailing dot, full-width letters) may be routed
 // differently upstream.
 func checkRequest(req *http.Request, host string, port int) string {
-	if req.URL.IsAbs() || req.URL.Host != "" {
-		return ReasonAbsoluteForm
+	if req.URL.IsAbs() || req.URL.Host != "" || strings.HasPrefix(req.RequestURI, "//") {
+		return ReasonAbsoluteForm // "//host/path" too: a URL resolved against a base takes its host
 	}
 	h, p, err := splitHostPort(req.Host, port)
 	if err != nil || p != port || !strings.EqualFold(h, host) {
@@ -318,9 +318,16 @@ func (t *tunnel) relayChunked(dst io.Writer, br *bufio.Reader) error {
 		if err != nil {
 			return err
 		}
+		// Hex digits only (no sign, no spaces), then optional extensions:
+		// the strictest reading, which every server shares.
 		sizeText, _, _ := bytes.Cut(line[:len(line)-2], []byte(";"))
-		size, err := strconv.ParseInt(strings.TrimSpace(string(sizeText)), 16, 64)
-		if err != nil || size < 0 {
+		if len(sizeText) == 0 || len(sizeText) > 15 || bytes.ContainsFunc(sizeText, func(r rune) bool {
+			return !('0' <= r && r <= '9' || 'a' <= r && r <= 'f' || 'A' <= r && r <= 'F')
+		}) {
+			return errFraming
+		}
+		size, err := strconv.ParseInt(string(sizeText), 16, 64)
+		if err != nil {
 			return errFraming
 		}
 		if _, err := dst.Write(line); err != nil {
@@ -347,6 +354,14 @@ func (t *tunnel) relayChunked(dst io.Writer, br *bufio.Reader) error {
 		line, err := readLine(br)
 		if err != nil {
 			return err
+		}
+		// Each must be a field ("name: value"): a server that skips
+		// trailers by lines must not find a request among them.
+		if len(line) > 2 {
+			name, _, ok := bytes.Cut(line, []byte(":"))
+			if !ok || len(name) == 0 || bytes.ContainsFunc(name, func(r rune) bool { return r > 0x7f || !isTokenChar(byte(r)) }) {
+				return errFraming
+			}
 		}
 		if _, err := dst.Write(line); err != nil {
 			return err
