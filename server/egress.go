@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"log/slog"
 	"net"
 	"sort"
 	"sync"
@@ -166,80 +165,4 @@ func (s *Server) saveEgress() {
 	for i := range sessions {
 		s.persistEgress(ctx, &sessions[i])
 	}
-}
-
-// usageSaver writes egress counts as the proxy reports them passing a step
-// (egress.Options.OnUsage), between the monitor's 5 s sweeps, so a crash
-// forgets about one step of traffic rather than 5 s of it. Writes are
-// coalesced per session and spaced by usageSaveGap.
-type usageSaver struct {
-	db      *store.DB
-	log     *slog.Logger
-	mu      sync.Mutex
-	pending map[string]int64 // session row id -> bytes used
-	wake    chan struct{}
-	quit    chan struct{}
-	done    chan struct{}
-	once    sync.Once
-}
-
-const usageSaveGap = 200 * time.Millisecond
-
-func newUsageSaver(db *store.DB, log *slog.Logger) *usageSaver {
-	u := &usageSaver{db: db, log: log, pending: map[string]int64{},
-		wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{})}
-	go u.run()
-	return u
-}
-
-// note records a count; it never blocks (it runs in the proxy's data path).
-func (u *usageSaver) note(id string, used int64) {
-	u.mu.Lock()
-	if used > u.pending[id] {
-		u.pending[id] = used
-	}
-	u.mu.Unlock()
-	select {
-	case u.wake <- struct{}{}:
-	default:
-	}
-}
-
-func (u *usageSaver) run() {
-	defer close(u.done)
-	for {
-		select {
-		case <-u.wake:
-		case <-u.quit:
-			u.flush()
-			return
-		}
-		u.flush()
-		select {
-		case <-time.After(usageSaveGap):
-		case <-u.quit:
-			u.flush()
-			return
-		}
-	}
-}
-
-func (u *usageSaver) flush() {
-	u.mu.Lock()
-	batch := u.pending
-	u.pending = map[string]int64{}
-	u.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	for id, used := range batch {
-		if err := u.db.SetEgressUsed(ctx, id, used); err != nil {
-			u.log.Error("persist egress usage", "err", err)
-		}
-	}
-}
-
-// stop writes what is pending and ends the saver.
-func (u *usageSaver) stop() {
-	u.once.Do(func() { close(u.quit) })
-	<-u.done
 }

@@ -457,8 +457,8 @@ print(hashlib.sha256(urllib.request.urlopen(sys.argv[1], context=ctx).read()).he
 		if r.ExitCode != 0 {
 			t.Fatalf("download: %+v", r)
 		}
-		// test-egress's 256 MiB quota reports every 4 MiB; the saver writes
-		// within 200 ms. A crash now would lose at most one step.
+		// test-egress's 256 MiB quota reports every 4 MiB; the store writes
+		// in the background within ~50 ms. A crash now would lose at most one step.
 		deadline := time.Now().Add(time.Second)
 		for stored() < before+(8<<20)-(4<<20) {
 			if time.Now().After(deadline) {

@@ -68,7 +68,6 @@ type Server struct {
 	egress       Egress
 	egressPolicy *egress.Policy
 	egressEvents *egressEvents
-	egressUsage  *usageSaver
 }
 
 // DBPath is the SQLite file inside a data directory.
@@ -188,7 +187,6 @@ func newServer(cfg *Config, db *store.DB, rt Runtime, img string, log *slog.Logg
 	s.logs = newLogs()
 	s.egressEvents = newEgressEvents(s)
 	s.egressPolicy = pol
-	s.egressUsage = newUsageSaver(db, s.log)
 	// Every session's connection cap fits in the proxy's budget, so no
 	// organization can take the connections another's sandboxes are due.
 	perSession, total, fits := egress.ConnLimits(cfg.Limits.MaxSandboxes)
@@ -197,7 +195,7 @@ func newServer(cfg *Config, db *store.DB, rt Runtime, img string, log *slog.Logg
 			"maxSandboxes", cfg.Limits.MaxSandboxes, "proxyConnections", total)
 	}
 	s.egress = egress.New(pol, egress.Options{Events: s.egressEvents, Registerer: s.met.reg, Resolver: cfg.EgressResolver,
-		Logger: s.log.With("component", "egress"), MaxConnsPerSession: perSession, MaxConns: total, OnUsage: s.egressUsage.note})
+		Logger: s.log.With("component", "egress"), MaxConnsPerSession: perSession, MaxConns: total, OnUsage: db.NoteEgressUsed})
 	s.sb = newManager(s)
 	s.engine = s.routes()
 	return s, nil
@@ -243,7 +241,6 @@ func (s *Server) Close() error {
 	// Shutdown first: it ends every tunnel, so bytes in flight are
 	// counted before the counts are saved.
 	s.egress.Shutdown()
-	s.egressUsage.stop()
 	s.saveEgress()
 	err := s.db.Close()
 	if r, ok := s.rt.(interface{ ReleaseIdle() }); ok {

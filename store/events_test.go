@@ -238,3 +238,26 @@ func BenchmarkWriteEventsAtBound(b *testing.B) {
 		}
 	}
 }
+
+// Egress counts noted in the background keep the highest value, and Close
+// drains them.
+func TestNoteEgressUsed(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "eg.db")
+	db, pks := eventsDB(t, path, "a")
+	for _, n := range []int64{5 << 20, 9 << 20, 7 << 20} {
+		db.NoteEgressUsed(pks[0], n)
+	}
+	db.NoteEgressUsed("ses_unknown", 1) // a deleted session: nothing to update, no error
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	db, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ses, err := db.GetSessionByID(context.Background(), pks[0])
+	if err != nil || ses.EgressBytesUsed != 9<<20 {
+		t.Fatalf("stored %d, %v; want %d", ses.EgressBytesUsed, err, 9<<20)
+	}
+}

@@ -236,6 +236,33 @@ func (db *DB) CountByStatus(ctx context.Context) (map[string]int, error) {
 
 // SetEgressUsed raises a session's egress byte count to used (it never
 // lowers it). ErrNotFound if no such row.
+// NoteEgressUsed saves a session's egress byte count in the background
+// (batched, like the audit log; drained by Close), as SetEgressUsed does: it
+// never lowers the stored count. For callers in a data path.
+func (db *DB) NoteEgressUsed(id string, used int64) {
+	db.egress.put(egressUse{id, used})
+}
+
+type egressUse struct {
+	id   string
+	used int64
+}
+
+func (db *DB) writeEgress(ctx context.Context, items []egressUse) error {
+	tx, err := db.w.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	for _, u := range items {
+		// A session deleted meanwhile (a failed provision) updates nothing.
+		if _, err := tx.ExecContext(ctx, `UPDATE sessions SET egress_bytes_used = MAX(egress_bytes_used, ?) WHERE id = ?`, u.used, u.id); err != nil {
+			return err
+		}
+	}
+	return tx.Commit()
+}
+
 func (db *DB) SetEgressUsed(ctx context.Context, id string, used int64) error {
 	res, err := db.w.ExecContext(ctx, `UPDATE sessions SET egress_bytes_used = MAX(egress_bytes_used, ?) WHERE id = ?`, used, id)
 	if err == nil {

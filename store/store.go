@@ -128,6 +128,7 @@ type DB struct {
 
 	audit     *writer[AuditRecord]
 	events    *writer[Event]
+	egress    *writer[egressUse]
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -181,15 +182,17 @@ func Open(path string) (*DB, error) {
 	db.r = r
 	db.audit = newWriter("audit records", db.writeAudit, db.report)
 	db.events = newWriter("session events", db.writeEvents, db.report)
+	db.egress = newWriter("egress counts", db.writeEgress, db.report)
 	return db, nil
 }
 
-// Close drains the audit and session event writers, writing every enqueued
+// Close drains the audit, session event and egress count writers, writing every enqueued
 // record, then closes the database. It is safe to call more than once.
 func (db *DB) Close() error {
 	db.closeOnce.Do(func() {
 		db.audit.close()
 		db.events.close()
+		db.egress.close()
 		// Fold the WAL back into the main file; failure is harmless.
 		_, _ = db.w.Exec(`PRAGMA wal_checkpoint(TRUNCATE)`)
 		db.closeErr = errors.Join(db.r.Close(), db.w.Close())
