@@ -190,80 +190,15 @@ func inspect(br *bufio.Reader, arm func(), mode inspectMode, pol *Policy, host s
 	if mode == sniffMode {
 		return "", relaySniffed, false
 	}
-	isHTTP, decided := peekRequestLine(br)
-	switch {
-	case !decided:
-		return ReasonBadHello, 0, false
-	case mode == tlsMode && isHTTP:
-		return ReasonHTTPInTunnel, 0, false
-	case mode == tlsMode:
+	if mode == tlsMode {
+		// Refused either way; the reason tells a plain request apart.
+		b, _ := br.Peek(br.Buffered())
+		if line, _, ok := bytes.Cut(b, []byte("\n")); ok && strictRequestLine(append(bytes.Clone(line), '\n')) {
+			return ReasonHTTPInTunnel, 0, false
+		}
 		return ReasonNotTLS, 0, false
-	case !isHTTP:
-		return ReasonNotHTTP, 0, false
 	}
 	return checkHTTP(br, host, port), relayRequests, false
-}
-
-// peekRequestLine tells whether the stream starts like an HTTP/1 request
-// line: optional blank lines (which servers skip), a method token of any
-// case, a target, then " HTTP/". It reads on only while the bytes can still
-// be such a prefix, so another protocol is told apart at its first byte
-// that breaks the grammar. decided is false when the stream ended or timed
-// out while it could still be a request line. It serves ports 80 and 443,
-// where anything but a strict request line (80) or anything at all (443)
-// is refused, so lenient forms some servers take are refused too; other
-// ports go through relaySniffed.
-func peekRequestLine(br *bufio.Reader) (isHTTP, decided bool) {
-	const (
-		blank = iota
-		method
-		target
-		version
-	)
-	state, i, n := blank, 0, 0 // n: length of the current part
-	for {
-		b, err := br.Peek(i + 1)
-		if err != nil {
-			return false, false
-		}
-		c := b[i]
-		i++
-		switch state {
-		case blank:
-			switch {
-			case c == '\r' || c == '\n':
-			case isTokenChar(c):
-				state, n = method, 1
-			default:
-				return false, true
-			}
-		case method:
-			switch {
-			case c == ' ':
-				state, n = target, 0
-			case isTokenChar(c):
-				n++
-			default:
-				return false, true
-			}
-		case target:
-			switch {
-			case c == ' ' && n > 0:
-				state, n = version, 0
-			case c > ' ' && c < 0x7f:
-				n++
-			default:
-				return false, true
-			}
-		case version:
-			if c != "HTTP/"[n] {
-				return false, true
-			}
-			if n++; n == len("HTTP/") {
-				return true, true
-			}
-		}
-	}
 }
 
 // isTokenChar: RFC 9110 tchar.
@@ -305,9 +240,9 @@ func checkHello(br *bufio.Reader, pol *Policy, host string, ip netip.Addr, port 
 	return ""
 }
 
-// checkHTTP applies the Host rule to the first request in a tunnel (so a
-// refused tunnel forwards nothing); relayHTTP checks it and every later one
-// again as it forwards them.
+// checkHTTP checks the first request's head in a tunnel to port 80 while
+// the header deadline runs (a client that never completes it is cut);
+// relayHTTP parses it again, once, as it forwards it and every later one.
 func checkHTTP(br *bufio.Reader, host string, port int) string {
 	_, _, _, reason, err := checkHead(br, host, port)
 	if err != nil {
