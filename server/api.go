@@ -69,6 +69,7 @@ func (s *Server) routes() *gin.Engine {
 	op("GET", "/sandbox", "sandbox.list", PermProjectRead, s.listSandboxes)
 	op("GET", "/sandbox/:sessionId", "sandbox.get", PermProjectRead, s.getSandbox)
 	op("POST", "/sandbox/:sessionId/teardown", "sandbox.teardown", PermProjectUpdate, s.teardown)
+	op("POST", "/sandbox/:sessionId/resume", "sandbox.resume", PermProjectUpdate, s.resume)
 	op("DELETE", "/sandbox/:sessionId", "sandbox.delete", PermProjectUpdate, s.deleteSandbox)
 	op("POST", "/sandbox/terminal/:sessionId", "sandbox.terminal", PermProjectUpdate, s.terminal)
 	op("GET", "/sandbox/terminal/:sessionId/ws", "sandbox.terminal_ws", PermProjectUpdate, s.terminalWS)

@@ -24,13 +24,15 @@ import (
 //	running      -> stopping -> stopped (teardown; the disk is kept)
 //	running      -> failed             (sandbox died: oom, exited)
 //	failed       -> stopping -> stopped (teardown releases what is left)
+//	stopped      -> provisioning -> running (resume on the kept disk)
+//	provisioning -> stopped            (resume failed: the disk is kept)
 //	any          -> deleted            (delete; the id stays used)
 var transitions = map[string][]string{
-	store.StatusProvisioning: {store.StatusRunning, store.StatusFailed},
+	store.StatusProvisioning: {store.StatusRunning, store.StatusFailed, store.StatusStopped},
 	store.StatusRunning:      {store.StatusStopping, store.StatusFailed, store.StatusDeleted},
 	store.StatusStopping:     {store.StatusStopped, store.StatusFailed},
 	store.StatusFailed:       {store.StatusStopping, store.StatusDeleted},
-	store.StatusStopped:      {store.StatusDeleted},
+	store.StatusStopped:      {store.StatusProvisioning, store.StatusDeleted},
 }
 
 func canTransition(from, to string) bool {
@@ -217,6 +219,25 @@ func credits(ses *store.Session, end time.Time) float64 {
 // provision creates and starts the sandbox of a freshly inserted session.
 // On failure the row is removed again, so nothing is left behind.
 func (m *manager) provision(ctx context.Context, ses *store.Session, size Size) error {
+	return m.start(ses, size, false)
+}
+
+// resume starts a stopped session's sandbox again on the disk its teardown
+// kept: the workspace and the writable root layer (installed packages) come
+// back, processes do not. The caller holds the session's lock and has
+// reserved its capacity. On failure the session is stopped again with its
+// disk intact, so the resume can be retried.
+func (m *manager) resume(ses *store.Session) error {
+	if err := m.setStatus(context.Background(), ses, store.StatusProvisioning, ses.StatusReason); err != nil {
+		return err
+	}
+	size := Size{Name: ses.Size, VCPUs: ses.VCPUs, MemoryMiB: ses.MemoryMiB, DiskMiB: ses.DiskMiB, Pids: ses.Pids}
+	return m.start(ses, size, true)
+}
+
+// start creates and starts a provisioning session's sandbox. resumed says
+// whether its disk comes from a teardown (and must survive a failure).
+func (m *manager) start(ses *store.Session, size Size, resumed bool) error {
 	sb := runsc.Sandbox{ID: ses.ContainerID, Image: m.s.image, Limits: size.Limits()}
 	// A client that goes away must not leave a half-made sandbox: create
 	// runs to completion (or full undo) on its own context.
@@ -224,19 +245,26 @@ func (m *manager) provision(ctx context.Context, ses *store.Session, size Size) 
 	defer cancel()
 	created := false
 	fail := func(err error) error {
-		m.s.log.Error("provision failed", "session", ses.SessionID, "container", ses.ContainerID, "err", err)
+		m.s.log.Error("provision failed", "session", ses.SessionID, "container", ses.ContainerID, "resume", resumed, "err", err)
 		if created {
 			m.s.egress.Close(ses.ID)
-			m.s.rt.Destroy(context.Background(), ses.ContainerID, false)
+			m.s.rt.Destroy(context.Background(), ses.ContainerID, resumed)
 		}
 		m.s.scrub.forget(ses.ID)
+		if resumed {
+			m.s.event(ses, "resume_failed", nil)
+			if serr := m.setStatus(context.Background(), ses, store.StatusStopped, ses.StatusReason); serr != nil {
+				m.s.log.Error("undo resume", "session", ses.SessionID, "err", serr)
+			}
+			return apiErr(http.StatusServiceUnavailable, "unavailable", "the sandbox could not be started; the session is stopped with its workspace kept, retry the resume")
+		}
 		if derr := m.s.db.DeleteSessionRow(context.Background(), ses.ID); derr != nil {
 			m.s.log.Error("undo session row", "session", ses.SessionID, "err", derr)
 		}
 		return apiErr(http.StatusServiceUnavailable, "unavailable", "the sandbox could not be started; nothing was kept, retry with the same sessionId")
 	}
 	if err := m.s.rt.Create(cctx, sb); err != nil {
-		return fail(err) // Create undid itself
+		return fail(err) // Create undid itself (keeping a teardown's disk)
 	}
 	created = true
 	// Its secrets join the scrubber of text no session can be told from
@@ -248,9 +276,17 @@ func (m *manager) provision(ctx context.Context, ses *store.Session, size Size) 
 	if err := m.setStatus(context.Background(), ses, store.StatusRunning, ""); err != nil {
 		return fail(err)
 	}
-	m.s.event(ses, "started", map[string]any{"size": ses.Size})
+	m.forgetActivity(ses.ID) // idle time counts from now, not from before a teardown
+	m.s.event(ses, "started", map[string]any{"size": ses.Size, "resumed": resumed})
 	m.s.startKernelLog(ses)
 	return nil
+}
+
+// forgetActivity drops a session's idle record.
+func (m *manager) forgetActivity(pk string) {
+	m.mu.Lock()
+	delete(m.activity, pk)
+	m.mu.Unlock()
 }
 
 // teardownResult is what teardown reports.
@@ -401,6 +437,13 @@ func (m *manager) reconcile(ctx context.Context) error {
 			}
 			m.markDead(ses, reason)
 		case store.StatusProvisioning:
+			if ses.StartedAt != nil {
+				// A resume was interrupted: back to stopped, disk kept.
+				m.s.rt.Destroy(ctx, ses.ContainerID, true)
+				m.setStatus(ctx, ses, store.StatusStopped, ses.StatusReason)
+				m.auditSystem("sandbox.resume_undone", ses, nil)
+				continue
+			}
 			// The server stopped in the middle of a create: undo it.
 			m.s.rt.Destroy(ctx, ses.ContainerID, false)
 			m.s.db.DeleteSessionRow(ctx, ses.ID)

@@ -119,7 +119,7 @@ func (s *Server) provision(c *gin.Context) {
 	if ses.RequestedSize == "" {
 		ses.RequestedSize = size.Name
 	}
-	if err := s.checkDisk(size); err != nil {
+	if err := s.checkDisk(); err != nil {
 		s.writeError(c, err)
 		return
 	}
@@ -159,7 +159,7 @@ func (s *Server) provision(c *gin.Context) {
 
 // checkDisk refuses a provision when the data dir's file system is nearly
 // full (sandbox disks are sparse and grow as they are written).
-func (s *Server) checkDisk(size Size) *APIError {
+func (s *Server) checkDisk() *APIError {
 	var st unix.Statfs_t
 	if err := unix.Statfs(s.cfg.DataDir, &st); err != nil {
 		return nil
@@ -241,6 +241,53 @@ func (s *Server) teardown(c *gin.Context) {
 	obj := sandboxJSON(&cur)
 	obj.Teardown = &res
 	c.JSON(http.StatusOK, obj)
+}
+
+// resume: POST /v1/sandbox/:sessionId/resume. A stopped session starts
+// again on its kept disk; a failed one is torn down first; a running one
+// answers as it is.
+func (s *Server) resume(c *gin.Context) {
+	ses, ok := s.sessionFor(c)
+	if !ok {
+		return
+	}
+	unlock := s.sb.lock(ses.ID)
+	defer unlock()
+	cur, ok := s.reload(c, ses)
+	if !ok {
+		return
+	}
+	switch cur.Status {
+	case store.StatusRunning:
+		c.JSON(http.StatusOK, sandboxJSON(&cur))
+		return
+	case store.StatusFailed:
+		if _, err := s.sb.teardown(c.Request.Context(), &cur); err != nil {
+			s.writeError(c, err)
+			return
+		}
+	case store.StatusStopped:
+	default:
+		s.writeError(c, conflict("session is %s; only a stopped or failed session can be resumed", cur.Status))
+		return
+	}
+	if err := s.checkDisk(); err != nil {
+		s.writeError(c, err)
+		return
+	}
+	if err := s.sb.reserve(cur.OrgID, cur.MemoryMiB); err != nil {
+		s.writeError(c, err)
+		return
+	}
+	start := time.Now()
+	if err := s.sb.resume(&cur); err != nil {
+		s.sb.release(cur.OrgID, cur.MemoryMiB)
+		s.writeError(c, err)
+		return
+	}
+	auditDetail(c, "provisionMs", time.Since(start).Milliseconds())
+	s.met.provision.Observe(time.Since(start).Seconds())
+	c.JSON(http.StatusOK, sandboxJSON(&cur))
 }
 
 func (s *Server) deleteSandbox(c *gin.Context) {
