@@ -63,6 +63,11 @@ func (r *Runtime) Create(ctx context.Context, sb Sandbox) (err error) {
 	d := r.dir(sb.ID)
 	_, statErr := os.Stat(filepath.Join(d, "disk.img"))
 	hadDisk := statErr == nil
+	if hadDisk {
+		// runsc appends to its logs: start the kernel log afresh so a
+		// resumed sandbox's is not read twice.
+		os.RemoveAll(filepath.Join(d, "logs"))
+	}
 	for _, sub := range []string{"logs", "run"} {
 		if err := os.MkdirAll(filepath.Join(d, sub), 0o700); err != nil {
 			return fmt.Errorf("sandbox dir: %w", err)

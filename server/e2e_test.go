@@ -580,14 +580,8 @@ func TestRealFailedProvisionLeavesNothing(t *testing.T) {
 	for _, step := range []string{"create", "start"} {
 		t.Run(step, func(t *testing.T) {
 			cfg := realConfig(t)
-			wrapper := filepath.Join(t.TempDir(), "runsc-failing")
-			script := fmt.Sprintf("#!/bin/sh\nfor a in \"$@\"; do if [ \"$a\" = %s ]; then \"%s\" \"$@\" >/dev/null 2>&1; echo injected failure >&2; exit 1; fi; done\nexec \"%s\" \"$@\"\n",
-				step, cfg.Runsc.Binary, cfg.Runsc.Binary)
-			if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
-				t.Fatal(err)
-			}
 			real := cfg.Runsc.Binary
-			cfg.Runsc.Binary = wrapper
+			cfg.Runsc.Binary = failingRunsc(t, real, step)
 			h := startServer(t, cfg)
 			code, b := h.call(h.token, "POST", "/v1/sandbox", map[string]any{"sessionId": "fail1", "size": "test-tiny"})
 			if code != 503 || strings.Contains(string(b), "runsc") || strings.Contains(string(b), cfg.DataDir) {
@@ -617,6 +611,18 @@ func TestRealFailedProvisionLeavesNothing(t *testing.T) {
 			cfg.Runsc.Binary = real
 		})
 	}
+}
+
+// failingRunsc writes a wrapper around the real runsc that runs the
+// command step (create, start, ...) and then fails it.
+func failingRunsc(t *testing.T, real, step string) string {
+	wrapper := filepath.Join(t.TempDir(), "runsc-failing")
+	script := fmt.Sprintf("#!/bin/sh\nfor a in \"$@\"; do if [ \"$a\" = %s ]; then \"%s\" \"$@\" >/dev/null 2>&1; echo injected failure >&2; exit 1; fi; done\nexec \"%s\" \"$@\"\n",
+		step, real, real)
+	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return wrapper
 }
 
 // TestRealTwoServersSideBySide runs two servers with different data dirs

@@ -257,6 +257,7 @@ func (s *Server) resume(c *gin.Context) {
 	if !ok {
 		return
 	}
+	s.sb.checkAlive(c.Request.Context(), &cur) // a dead "running" sandbox is resumed, not answered
 	switch cur.Status {
 	case store.StatusRunning:
 		c.JSON(http.StatusOK, sandboxJSON(&cur))
