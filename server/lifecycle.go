@@ -317,6 +317,7 @@ func (m *manager) teardown(ctx context.Context, ses *store.Session) (teardownRes
 		}
 	}
 	m.s.terms.closeSession(ses.ID)
+	m.s.kernels.closeSession(ses.ID)
 	m.s.stopKernelLog(ses.ID)
 	m.s.stopEgress(ses)
 	res.WorkspaceBytes = dirBytes(m.s.rt.WorkspaceDir(ses.ContainerID))
@@ -336,6 +337,7 @@ func (m *manager) remove(ctx context.Context, ses *store.Session) error {
 		return conflict("session is still provisioning")
 	}
 	m.s.terms.closeSession(ses.ID)
+	m.s.kernels.closeSession(ses.ID)
 	m.s.stopKernelLog(ses.ID)
 	if ses.Status == store.StatusRunning || ses.Status == store.StatusStopping {
 		m.s.stopEgress(ses) // teardown and markDead did it for the others
@@ -370,6 +372,7 @@ func (m *manager) markDead(ses *store.Session, reason string) {
 	}
 	m.release(ses.OrgID, ses.MemoryMiB)
 	m.s.terms.closeSession(ses.ID)
+	m.s.kernels.closeSession(ses.ID)
 	m.s.stopKernelLog(ses.ID)
 	if reason == "oom" {
 		m.s.event(ses, "oom", map[string]any{"memoryMiB": ses.MemoryMiB})

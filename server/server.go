@@ -60,8 +60,10 @@ type Server struct {
 	met    *metrics
 	scrub  *scrubbers
 	terms  *terminals
-	tix    *tickets
-	logs   *logs
+	// kernels are the code runtimes' contexts.
+	kernels kernels
+	tix     *tickets
+	logs    *logs
 
 	lock *os.File // flock on <data-dir>/sandboxd.lock while this server runs
 
@@ -238,6 +240,7 @@ func (s *Server) Start(ctx context.Context) error {
 func (s *Server) Close() error {
 	s.sb.stop()
 	s.terms.shutdown()
+	s.kernels.closeSession("")
 	// Shutdown first: it ends every tunnel, so bytes in flight are
 	// counted before the counts are saved.
 	s.egress.Shutdown()

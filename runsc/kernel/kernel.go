@@ -1,0 +1,60 @@
+// Package kernel holds the programs that keep a code-runtime context alive
+// inside a sandbox (python.py, node.js) and the framing of their output.
+//
+// Protocol: the server writes a nonce line, then one JSON request line
+// {"code": "..."} per run, to the program's stdin. For each run the program
+// writes the run's output on stdout and stderr, then Mark(nonce) followed by
+// a JSON Result and "\n" on stdout, and Mark(nonce) followed by "\n" on
+// stderr. Bytes before the marks are the run's output, child processes'
+// included; a program that prints something mark-like without the nonce
+// only prints text.
+package kernel
+
+import (
+	_ "embed"
+	"fmt"
+)
+
+//go:embed python.py
+var pythonSource string
+
+//go:embed node.js
+var nodeSource string
+
+// Languages are the runtimes with a kernel, by the name used in routes.
+var Languages = []string{"python", "node"}
+
+// Args returns the command line that starts lang's kernel in the sandbox.
+func Args(lang string) ([]string, error) {
+	switch lang {
+	case "python":
+		return []string{"/usr/bin/python3", "-u", "-c", pythonSource}, nil
+	case "node":
+		return []string{"/usr/bin/node", "-e", nodeSource}, nil
+	}
+	return nil, fmt.Errorf("kernel: no runtime %q", lang)
+}
+
+// Mark is what precedes a run's result frame on stdout and its end on stderr.
+func Mark(nonce string) []byte { return []byte("\x1e" + nonce + "\x1f") }
+
+// Result is a run's outcome as the kernel reports it.
+type Result struct {
+	Result  *string   `json:"result"`
+	Error   *Error    `json:"error"`
+	Display []Display `json:"display"`
+}
+
+// Error is an exception that ended a run.
+type Error struct {
+	Name      string `json:"name"`
+	Value     string `json:"value"`
+	Traceback string `json:"traceback"`
+}
+
+// Display is one rich output: a MIME type and its data (base64 for binary
+// types such as image/png).
+type Display struct {
+	Mime string `json:"mime"`
+	Data string `json:"data"`
+}
