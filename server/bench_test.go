@@ -71,6 +71,16 @@ func newRawRunsc(b *testing.B, cfg *Config, img string) *rawRunsc {
 	return r
 }
 
+// start creates and starts the raw container "raw".
+func (r *rawRunsc) start(b *testing.B) {
+	if err := r.run("create", "--bundle", r.bundle, "raw"); err != nil {
+		b.Fatal(err)
+	}
+	if err := r.run("start", "raw"); err != nil {
+		b.Fatal(err)
+	}
+}
+
 func (r *rawRunsc) run(args ...string) error {
 	cmd := osexec.Command(r.bin, append([]string{"--root", r.root, "--network", "none"}, args...)...)
 	cmd.Dir = r.bundle
@@ -119,12 +129,7 @@ func BenchmarkExec(b *testing.B) {
 	cfg := realConfig(b)
 	h := startServer(b, cfg)
 	raw := newRawRunsc(b, cfg, h.s.image)
-	if err := raw.run("create", "--bundle", raw.bundle, "raw"); err != nil {
-		b.Fatal(err)
-	}
-	if err := raw.run("start", "raw"); err != nil {
-		b.Fatal(err)
-	}
+	raw.start(b)
 	h.provision("bench-exec", "")
 	var rs, rt, os_ samples
 	b.ResetTimer()
@@ -157,12 +162,7 @@ func BenchmarkCodeRun(b *testing.B) {
 	cfg := realConfig(b)
 	h := startServer(b, cfg)
 	raw := newRawRunsc(b, cfg, h.s.image)
-	if err := raw.run("create", "--bundle", raw.bundle, "raw"); err != nil {
-		b.Fatal(err)
-	}
-	if err := raw.run("start", "raw"); err != nil {
-		b.Fatal(err)
-	}
+	raw.start(b)
 	h.provision("bench-code", "")
 	if code, r, raw := h.runCode("python", "bench-code", map[string]any{"code": "1"}); code != 200 || r.Error != nil {
 		b.Fatalf("%d %s", code, raw)

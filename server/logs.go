@@ -189,33 +189,38 @@ func (s *Server) tailKernel(ctx context.Context, ses store.Session, path string)
 	buf := make([]byte, 64<<10)
 	t := time.NewTicker(kernelPoll)
 	defer t.Stop()
-	for {
+	drain := func() {
 		if f == nil {
 			f, _ = os.Open(path)
 		}
-		if f != nil {
-			for {
-				n, err := f.Read(buf)
-				if n > 0 {
-					data := append(partial, buf[:n]...)
-					lines := bytes.Split(data, []byte("\n"))
-					partial = append([]byte(nil), lines[len(lines)-1]...)
-					if len(partial) > 64<<10 {
-						partial = nil
-					}
-					for _, ln := range lines[:len(lines)-1] {
-						if msg, ok := s.kernelLine(string(ln), &booted); ok {
-							s.addLog(&ses, logEntry{"type": "kernel", "time": time.Now().UTC().Format(time.RFC3339Nano), "line": msg})
-						}
-					}
+		if f == nil {
+			return
+		}
+		for {
+			n, err := f.Read(buf)
+			if n > 0 {
+				data := append(partial, buf[:n]...)
+				lines := bytes.Split(data, []byte("\n"))
+				partial = append([]byte(nil), lines[len(lines)-1]...)
+				if len(partial) > 64<<10 {
+					partial = nil
 				}
-				if err != nil || n == 0 {
-					break
+				for _, ln := range lines[:len(lines)-1] {
+					if msg, ok := s.kernelLine(string(ln), &booted); ok {
+						s.addLog(&ses, logEntry{"type": "kernel", "time": time.Now().UTC().Format(time.RFC3339Nano), "line": msg})
+					}
 				}
 			}
+			if err != nil || n == 0 {
+				return
+			}
 		}
+	}
+	for {
+		drain()
 		select {
 		case <-ctx.Done():
+			drain() // what the sandbox wrote since the last poll
 			return
 		case <-t.C:
 		}

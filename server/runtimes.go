@@ -83,13 +83,10 @@ func (s *Server) runCode(lang string) gin.HandlerFunc {
 			s.writeError(c, badRequest("contextId: 1-64 characters of letters, digits, '.', '_' or '-', starting with a letter or digit"))
 			return
 		}
-		timeout := 30 * time.Second
-		if req.TimeoutMs != nil {
-			if *req.TimeoutMs < 1 || *req.TimeoutMs > s.cfg.Limits.ExecMaxTimeoutMs {
-				s.writeError(c, badRequest("timeoutMs: must be 1-%d", s.cfg.Limits.ExecMaxTimeoutMs))
-				return
-			}
-			timeout = time.Duration(*req.TimeoutMs) * time.Millisecond
+		timeout, aerr := s.timeout(req.TimeoutMs, 30*time.Second)
+		if aerr != nil {
+			s.writeError(c, aerr)
+			return
 		}
 		auditDetail(c, "contextId", req.ContextID)
 		if ses.Status != store.StatusRunning {

@@ -222,16 +222,11 @@ func (s *Server) getSandbox(c *gin.Context) {
 }
 
 func (s *Server) teardown(c *gin.Context) {
-	ses, ok := s.sessionFor(c)
+	cur, unlock, ok := s.lockedSession(c)
 	if !ok {
 		return
 	}
-	unlock := s.sb.lock(ses.ID)
 	defer unlock()
-	cur, ok := s.reload(c, ses)
-	if !ok {
-		return
-	}
 	res, err := s.sb.teardown(c.Request.Context(), &cur)
 	if err != nil {
 		s.writeError(c, err)
@@ -247,16 +242,11 @@ func (s *Server) teardown(c *gin.Context) {
 // again on its kept disk; a failed one is torn down first; a running one
 // answers as it is.
 func (s *Server) resume(c *gin.Context) {
-	ses, ok := s.sessionFor(c)
+	cur, unlock, ok := s.lockedSession(c)
 	if !ok {
 		return
 	}
-	unlock := s.sb.lock(ses.ID)
 	defer unlock()
-	cur, ok := s.reload(c, ses)
-	if !ok {
-		return
-	}
 	s.sb.checkAlive(c.Request.Context(), &cur) // a dead "running" sandbox is resumed, not answered
 	switch cur.Status {
 	case store.StatusRunning:
@@ -292,21 +282,32 @@ func (s *Server) resume(c *gin.Context) {
 }
 
 func (s *Server) deleteSandbox(c *gin.Context) {
-	ses, ok := s.sessionFor(c)
+	cur, unlock, ok := s.lockedSession(c)
 	if !ok {
 		return
 	}
-	unlock := s.sb.lock(ses.ID)
 	defer unlock()
-	cur, ok := s.reload(c, ses)
-	if !ok {
-		return
-	}
 	if err := s.sb.remove(c.Request.Context(), &cur); err != nil {
 		s.writeError(c, err)
 		return
 	}
 	c.Status(http.StatusNoContent)
+}
+
+// lockedSession loads the caller's session, takes its lock and re-reads it
+// under the lock; on failure it has answered and holds no lock.
+func (s *Server) lockedSession(c *gin.Context) (store.Session, func(), bool) {
+	ses, ok := s.sessionFor(c)
+	if !ok {
+		return store.Session{}, nil, false
+	}
+	unlock := s.sb.lock(ses.ID)
+	cur, ok := s.reload(c, ses)
+	if !ok {
+		unlock()
+		return cur, nil, false
+	}
+	return cur, unlock, true
 }
 
 // reload re-reads a session under its lock (it may have changed or, after a
@@ -345,6 +346,18 @@ type execResponse struct {
 
 const maxCommandBytes = 256 * 1024
 
+// timeout checks a request's timeoutMs (1 to limits.execMaxTimeoutMs) and
+// returns it, or def when it is absent.
+func (s *Server) timeout(ms *int64, def time.Duration) (time.Duration, *APIError) {
+	if ms == nil {
+		return def, nil
+	}
+	if *ms < 1 || *ms > s.cfg.Limits.ExecMaxTimeoutMs {
+		return 0, badRequest("timeoutMs: must be 1-%d", s.cfg.Limits.ExecMaxTimeoutMs)
+	}
+	return time.Duration(*ms) * time.Millisecond, nil
+}
+
 // terminal: POST /v1/sandbox/terminal/:sessionId.
 func (s *Server) terminal(c *gin.Context) {
 	ses, ok := s.sessionFor(c)
@@ -381,13 +394,10 @@ func (s *Server) terminal(c *gin.Context) {
 		s.writeError(c, e)
 		return
 	}
-	timeout := time.Duration(s.cfg.Limits.ExecDefaultTimeoutMs) * time.Millisecond
-	if req.TimeoutMs != nil {
-		if *req.TimeoutMs < 1 || *req.TimeoutMs > s.cfg.Limits.ExecMaxTimeoutMs {
-			s.writeError(c, badRequest("timeoutMs: must be 1-%d", s.cfg.Limits.ExecMaxTimeoutMs))
-			return
-		}
-		timeout = time.Duration(*req.TimeoutMs) * time.Millisecond
+	timeout, aerr := s.timeout(req.TimeoutMs, time.Duration(s.cfg.Limits.ExecDefaultTimeoutMs)*time.Millisecond)
+	if aerr != nil {
+		s.writeError(c, aerr)
+		return
 	}
 	if ses.Status != store.StatusRunning {
 		s.writeError(c, conflict("session is %s; commands run only in a running session", ses.Status))
