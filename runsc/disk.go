@@ -169,3 +169,58 @@ func mountsUnder(dir string) []string {
 	}
 	return out
 }
+
+// ErrNoDisk is returned for a sandbox id without a saved disk.
+var ErrNoDisk = errors.New("sandbox has no disk")
+
+// MountWorkspaceReadOnly gives the server read access to the workspace of a
+// sandbox that is not running (stopped or failed): it loop-mounts disk.img
+// read-only (ro,noload: not even the journal is replayed; nosuid, nodev,
+// noexec) at disk/, a private (0700) directory of the sandbox dir, and
+// returns the host directory backing /workspace and a release func that
+// unmounts it again. disk/ is the mount point Destroy unmounts, so a mount
+// left by a crash is removed by Collect at the next start like any other
+// leftover. If the disk is mounted already (a sandbox whose teardown has not
+// released it), that mount is used and release does nothing.
+//
+// Callers hold the session's lock from before the call until release
+// returns: the image must never be mounted twice at once, and nothing else
+// may mount it meanwhile.
+func (r *Runtime) MountWorkspaceReadOnly(id string) (workspace string, release func() error, err error) {
+	if !r.Owns(id) {
+		return "", nil, fmt.Errorf("container id %q not made by this runtime", id)
+	}
+	d := r.dir(id)
+	mnt := filepath.Join(d, "disk")
+	workspace = filepath.Join(mnt, "workspace")
+	if isMountPoint(mnt) {
+		return workspace, func() error { return nil }, nil
+	}
+	img := filepath.Join(d, "disk.img")
+	if st, err := os.Lstat(img); err != nil || !st.Mode().IsRegular() {
+		return "", nil, ErrNoDisk
+	}
+	if err := os.Mkdir(mnt, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		return "", nil, fmt.Errorf("read-only mount point: %w", err)
+	}
+	if err := os.Chmod(mnt, 0o700); err != nil {
+		return "", nil, err
+	}
+	// mount(8) attaches a read-only loop device with autoclear: unmounting
+	// frees it.
+	if out, err := exec.Command("mount", "-t", "ext4", "-o", "ro,noload,nosuid,nodev,noexec,loop", img, mnt).CombinedOutput(); err != nil {
+		os.Remove(mnt)
+		return "", nil, fmt.Errorf("mount disk read-only: %v: %s", err, strings.TrimSpace(string(out)))
+	}
+	release = func() error {
+		if err := unmount(mnt); err != nil {
+			return err
+		}
+		if isMountPoint(mnt) {
+			return fmt.Errorf("unmount %s: still mounted", filepath.Base(mnt))
+		}
+		os.Remove(mnt) // empty again; Create makes it when the sandbox starts
+		return nil
+	}
+	return workspace, release, nil
+}
