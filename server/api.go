@@ -80,6 +80,11 @@ func (s *Server) routes() *gin.Engine {
 	op("GET", "/sandbox/:sessionId/logs", "sandbox.logs", PermProjectRead, s.getLogs)
 	op("GET", "/sandbox/:sessionId/logs/ws", "sandbox.logs_ws", PermProjectRead, s.logsWS)
 	op("DELETE", "/sandbox/:sessionId/terminals/:terminalId", "sandbox.terminal_kill", PermProjectUpdate, s.killTerminal)
+	op("GET", "/sandbox/:sessionId/files", "sandbox.files_get", PermProjectRead, s.getFiles)
+	op("PUT", "/sandbox/:sessionId/files", "sandbox.files_put", PermProjectUpdate, s.putFile)
+	op("DELETE", "/sandbox/:sessionId/files", "sandbox.files_delete", PermProjectUpdate, s.deleteFile)
+	op("GET", "/sandbox/:sessionId/artifacts", "sandbox.artifacts_list", PermProjectRead, s.listArtifacts)
+	op("GET", "/sandbox/:sessionId/artifacts/*path", "sandbox.artifact_get", PermProjectRead, s.getArtifact)
 
 	op("GET", "/me", "me.get", "", s.me)
 	op("POST", "/tokens", "token.create", "", s.createToken)
@@ -111,6 +116,9 @@ func (s *Server) requestIDs(c *gin.Context) {
 
 func (s *Server) bodyLimit(c *gin.Context) {
 	limit := s.cfg.Limits.MaxBodyBytes
+	if c.Request.Method == http.MethodPut && c.FullPath() == filesRoute {
+		limit = max(limit, maxUploadBytes) // file uploads (files.go)
+	}
 	if c.Request.ContentLength > limit {
 		s.writeError(c, errTooLarge)
 		return

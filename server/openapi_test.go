@@ -48,7 +48,8 @@ func loadOpenAPI(t *testing.T) openapiDoc {
 	return doc
 }
 
-var ginParam = regexp.MustCompile(`:([A-Za-z0-9_]+)`)
+// ginParam matches a route parameter, named (:id) or catch-all (*path).
+var ginParam = regexp.MustCompile(`[:*]([A-Za-z0-9_]+)`)
 
 // TestOpenAPIMatchesRoutes keeps the document and routes() in step: every
 // registered route is documented and every documented operation is routed.
@@ -183,6 +184,8 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 		"ExecRequest":      execRequest{},
 		"ExecResponse":     execResponse{},
 		"Token":            tokenJSON{},
+		"FileEntry":        fileEntry{},
+		"Artifact":         artifact{},
 	} {
 		s, ok := doc.Comps.Schemas[name]
 		if !ok {
