@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -30,9 +31,6 @@ const (
 	// maxUploadBytes caps a PUT body (limits.maxBodyBytes, for JSON,
 	// does not apply to it unless larger).
 	maxUploadBytes = 256 << 20
-	// fileIODeadline bounds how long a slow client can hold a session's
-	// lock: the whole transfer (upload or download) must fit in it.
-	fileIODeadline = 2 * time.Minute
 	// Listings: a directory listing returns at most maxListEntries entries;
 	// the artifact walk visits at most maxListEntries entries, maxWalkDepth
 	// levels deep, hashes at most maxHashBytes not yet hashed (digests of
@@ -46,6 +44,15 @@ const (
 	truncatedHdr   = "X-Listing-Truncated"
 	uploadPrefix   = ".sandboxd-upload-"
 )
+
+// fileIODeadline bounds how long a slow client can hold a session's lock:
+// the whole transfer (upload or download) must fit in it (2 minutes; tests
+// shorten it).
+var fileIODeadlineNs atomic.Int64
+
+func init() { fileIODeadlineNs.Store(int64(2 * time.Minute)) }
+
+func fileIODeadline() time.Duration { return time.Duration(fileIODeadlineNs.Load()) }
 
 // fileEntry is one entry of a directory listing (and PUT's answer).
 type fileEntry struct {
@@ -87,9 +94,9 @@ func (s *Server) withWorkspace(c *gin.Context, write bool, fn func(ses *store.Se
 		return
 	}
 	rc := http.NewResponseController(c.Writer)
-	rc.SetWriteDeadline(time.Now().Add(fileIODeadline))
+	rc.SetWriteDeadline(time.Now().Add(fileIODeadline()))
 	if write {
-		rc.SetReadDeadline(time.Now().Add(fileIODeadline))
+		rc.SetReadDeadline(time.Now().Add(fileIODeadline()))
 	}
 	defer func() {
 		// The connection may serve more requests (keep-alive).
@@ -364,7 +371,7 @@ func (s *Server) putFile(c *gin.Context) {
 			if errors.As(rerr, &mbe) {
 				s.writeError(c, errTooLarge)
 			} else {
-				s.writeError(c, badRequest("could not read the request body (an upload must arrive within %s)", fileIODeadline))
+				s.writeError(c, badRequest("could not read the request body (an upload must arrive within %s)", fileIODeadline()))
 			}
 			return
 		}
@@ -435,7 +442,7 @@ func (s *Server) deleteFile(c *gin.Context) {
 		}
 		if st.Mode&unix.S_IFMT == unix.S_IFDIR {
 			if recursive {
-				err = removeTree(pfd, name, 1, time.Now().Add(fileIODeadline))
+				err = removeTree(pfd, name, 1, time.Now().Add(fileIODeadline()))
 			} else {
 				err = unix.Unlinkat(pfd, name, unix.AT_REMOVEDIR)
 			}

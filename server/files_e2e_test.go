@@ -539,6 +539,37 @@ python3 -c 'import socket; s=socket.socket(socket.AF_UNIX); s.bind("/workspace/e
 		}
 	})
 
+	t.Run("a slow client holds the session only until the deadline", func(t *testing.T) {
+		old := fileIODeadlineNs.Swap(int64(time.Second))
+		defer fileIODeadlineNs.Store(old)
+		h.sh("f1", "truncate -s 1G /workspace/slow.bin")
+		// A download whose client never reads, and an upload that stalls.
+		for _, req := range []string{
+			"GET /v1/sandbox/f1/artifacts/slow.bin HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n\r\n",
+			"PUT /v1/sandbox/f1/files?path=/workspace/stalled.bin HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Length: 10000000\r\n\r\npartial",
+		} {
+			conn, err := net.Dial("tcp", h.ts.Listener.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			fmt.Fprintf(conn, req, h.token)
+			time.Sleep(300 * time.Millisecond)
+			start := time.Now()
+			resp, b := fc.get("f1", "/workspace/out/report.txt")
+			took := time.Since(start)
+			conn.Close()
+			if resp.StatusCode != 200 || took < 300*time.Millisecond || took > 10*time.Second {
+				t.Errorf("%.20s: a reader behind it got %d %q after %v", req, resp.StatusCode, b, took)
+			}
+		}
+		if r := h.sh("f1", "ls -A /workspace | grep -c -e stalled -e sandboxd-upload || true"); strings.TrimSpace(r.Stdout) != "0" {
+			t.Errorf("a stalled upload left a file: %q", r.Stdout)
+		}
+		if resp, b := fc.del("f1", "/workspace/slow.bin"); resp.StatusCode != 204 {
+			t.Fatalf("delete: %d %s", resp.StatusCode, b)
+		}
+	})
+
 	t.Run("delete", func(t *testing.T) {
 		h.sh("f1", "mkdir -p /workspace/del/a/b/c /workspace/del/empty && touch /workspace/del/a/b/c/f /workspace/del/a/x /workspace/del/file")
 		if resp, b := fc.del("f1", "/workspace/del/file"); resp.StatusCode != 204 {
