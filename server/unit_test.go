@@ -641,6 +641,8 @@ func TestCanTransitionTable(t *testing.T) {
 	allowed := map[[2]string]bool{
 		{store.StatusProvisioning, store.StatusRunning}: true,
 		{store.StatusProvisioning, store.StatusFailed}:  true,
+		{store.StatusProvisioning, store.StatusStopped}: true, // a failed resume
+		{store.StatusStopped, store.StatusProvisioning}: true, // resume
 		{store.StatusRunning, store.StatusStopping}:     true,
 		{store.StatusRunning, store.StatusFailed}:       true,
 		{store.StatusRunning, store.StatusDeleted}:      true,
