@@ -220,8 +220,8 @@ type encoding struct {
 // encodings lists the literals that reveal v: v itself in any ASCII case
 // (hosts and many tools change case; swapped or title case reveal it as
 // well); hex in any case; URL query and path escaping; JSON string escaping (with and
-// without HTML escapes), Go %q and shell escaping (backslash and
-// single-quote styles); base64 std and URL alphabets; for multi-line
+// without HTML escapes), Go %q, Python repr and JavaScript string literals,
+// and shell escaping (backslash and single-quote styles); base64 std and URL alphabets; for multi-line
 // values also the CRLF form and every line of at least MinValueLen bytes.
 //
 // Base64: v inside a longer encoded run sits at one of three alignments
@@ -261,6 +261,14 @@ func encodings(v string) []encoding {
 	q := strconv.Quote(v)
 	add(q[1:len(q)-1], 0)
 	add(shellBackslash(v), 0)
+	if strings.ContainsAny(v, "\\'\"\n\r\t") {
+		// String literals as Python's repr and JavaScript's util.inspect
+		// print them: backslashes and controls escaped, and no quote, one
+		// kind or both escaped (each picks its quotes by the content).
+		for _, q := range []string{"", "'", `"`, `'"`} {
+			add(escapeLiteral(v, q), 0)
+		}
+	}
 	if strings.Contains(v, "'") {
 		add("'"+strings.ReplaceAll(v, "'", `'\''`)+"'", 0)
 	}
@@ -327,6 +335,29 @@ func b64Cores(v []byte, enc *base64.Encoding) []string {
 		}
 	}
 	return out
+}
+
+// escapeLiteral escapes v as the body of a quoted string literal: a
+// backslash before '\\' and each quote in quotes, and \n, \r, \t for those
+// controls.
+func escapeLiteral(v, quotes string) string {
+	var b strings.Builder
+	for i := 0; i < len(v); i++ {
+		switch c := v[i]; {
+		case c == '\\' || strings.IndexByte(quotes, c) >= 0:
+			b.WriteByte('\\')
+			b.WriteByte(c)
+		case c == '\n':
+			b.WriteString(`\n`)
+		case c == '\r':
+			b.WriteString(`\r`)
+		case c == '\t':
+			b.WriteString(`\t`)
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
 }
 
 // shellBackslash escapes v the way bash's printf %q does for printable

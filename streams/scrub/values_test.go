@@ -214,3 +214,21 @@ func swapCase(s string) string {
 	}
 	return string(b)
 }
+
+// TestStringLiteralForms covers values printed as Python's repr and
+// JavaScript's util.inspect print strings (as they were seen to leak).
+func TestStringLiteralForms(t *testing.T) {
+	for _, c := range []struct{ v, printed string }{
+		{`k"9\Tq2!Lw7Zp`, `'k"9\\Tq2!Lw7Zp'`},        // Python repr and Node inspect
+		{`m'4"Rv8Hx3Jq`, `'m\'4"Rv8Hx3Jq'`},          // Python repr: both quotes
+		{`m'4"Rv8Hx3Jq`, "`m'4\"Rv8Hx3Jq`"},          // Node inspect: backticks
+		{"ab'cd\"ef\\gh\tij", `'ab\'cd"ef\\gh\tij'`}, // Python repr with a tab
+		{"line-one-abc\nline-two-def'", `"line-one-abc\nline-two-def'"`},
+	} {
+		s := withValues(t, ruleSet(t), map[string]string{"v": c.v})
+		out := s.Redact([]byte("x = " + c.printed + "\n"))
+		if !bytes.Contains(out, []byte("[REDACTED:v]")) || leaks(out, c.v) {
+			t.Errorf("%q printed as %s: %q", c.v, c.printed, out)
+		}
+	}
+}
