@@ -7,10 +7,10 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"net/http"
 	"regexp"
+	"strconv"
 	"sync"
 	"time"
 
@@ -34,8 +34,6 @@ const (
 	// interruptGrace is how long a run has to stop after the interrupt
 	// (SIGINT: KeyboardInterrupt) before its context is killed.
 	interruptGrace = 2 * time.Second
-	// maxKernelFrame bounds a run's result frame (rich output included).
-	maxKernelFrame = 32 << 20
 )
 
 var contextIDRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
@@ -104,16 +102,21 @@ func (s *Server) runCode(lang string) gin.HandlerFunc {
 			return
 		}
 		defer end()
-		k, aerr := s.kernels.acquire(kernelKey{ses.ID, lang, req.ContextID})
+		// A run waits for the context's previous one at most its own timeout,
+		// and never runs for a client that has gone.
+		k, aerr := s.kernels.acquire(c.Request.Context(), kernelKey{ses.ID, lang, req.ContextID}, timeout)
 		if aerr != nil {
 			s.writeError(c, aerr)
 			return
 		}
 		defer k.release()
 		set := s.scrub.forSession(ses.ID, secrets)
-		if k.proc == nil {
+		if !k.started() {
 			env := setEnv(commandEnv(ses.Env, secrets, nil), "MPLBACKEND", "Agg")
-			if err := k.start(c.Request.Context(), s.rt, ses.ContainerID, env); err != nil {
+			// A frame holds the result (at most 4 bytes a character in UTF-8)
+			// and the rich output.
+			maxFrame := 4*s.cfg.Limits.ExecOutputBytes + kernel.MaxDisplayBytes + 64<<10
+			if err := k.start(c.Request.Context(), s.rt, ses.ContainerID, env, maxFrame); err != nil {
 				s.kernels.drop(k)
 				s.log.Warn("start code context", "session", ses.SessionID, "runtime", lang, "err", err)
 				s.noteDead(ses)
@@ -126,7 +129,7 @@ func (s *Server) runCode(lang string) gin.HandlerFunc {
 		out := newCappedOutput(s.cfg.Limits.ExecOutputBytes)
 		stdout, stderr := set.NewWriter(out.writer(&out.stdout)), set.NewWriter(out.writer(&out.stderr))
 		start := time.Now()
-		res, timedOut, runErr := k.run(c.Request.Context(), req.Code, timeout, stdout, stderr)
+		res, timedOut, runErr := k.run(c.Request.Context(), req.Code, s.cfg.Limits.ExecOutputBytes, timeout, stdout, stderr)
 		stdout.Close()
 		stderr.Close()
 		if runErr != nil {
@@ -145,7 +148,7 @@ func (s *Server) runCode(lang string) gin.HandlerFunc {
 			Stdout: out.stdout.String(), Stderr: out.stderr.String(), Error: res.Error,
 			ContextID: req.ContextID, DurationMs: time.Since(start).Milliseconds(), TimedOut: timedOut,
 		}
-		resp.Truncated = out.truncated
+		resp.Truncated = out.truncated || res.Truncated
 		redact := func(v string) string { return string(set.Redact([]byte(v))) }
 		if res.Result != nil {
 			r := redact(*res.Result)
@@ -155,11 +158,12 @@ func (s *Server) runCode(lang string) gin.HandlerFunc {
 			resp.Result = &r
 		}
 		if resp.Error != nil {
-			resp.Error.Value, resp.Error.Traceback = redact(resp.Error.Value), redact(resp.Error.Traceback)
+			e := resp.Error
+			e.Name, e.Value, e.Traceback = clip(redact(e.Name), 256), redact(e.Value), redact(e.Traceback)
 		}
 		resp.Display = make([]kernel.Display, 0, len(res.Display))
 		for _, d := range res.Display {
-			resp.Display = append(resp.Display, kernel.Display{Mime: clip(d.Mime, 128), Data: redact(d.Data)})
+			resp.Display = append(resp.Display, kernel.Display{Mime: clip(redact(d.Mime), 128), Data: redact(d.Data)})
 		}
 		exit := map[string]any{"runtime": lang, "contextId": req.ContextID, "durationMs": resp.DurationMs, "timedOut": timedOut}
 		if resp.Error != nil {
@@ -179,23 +183,26 @@ type kernels struct {
 	m  map[kernelKey]*kernelProc
 }
 
-// kernelProc is one context. Its mutex serializes runs; proc is set by the
-// first run, under the mutex.
+// kernelProc is one context. Holding slot (a one-place semaphore) is
+// running in it; the first run starts its process.
 type kernelProc struct {
 	ks       *kernels
 	key      kernelKey
-	mu       sync.Mutex
+	slot     chan struct{}
+	lastUsed time.Time // guarded by ks.mu
+	seq      uint64    // the last request's number; with the slot held
+
+	pmu      sync.Mutex // guards proc and stop against kill
 	proc     Process
 	mark     []byte
 	out, err *markReader
 	stop     chan struct{} // closed by kill
-	killOnce sync.Once
-	lastUsed time.Time // guarded by ks.mu
 }
 
-// acquire returns key's context, locked for one run, making room for a new
-// one by ending the session's least recently used idle context.
-func (ks *kernels) acquire(key kernelKey) (*kernelProc, *APIError) {
+// acquire returns key's context with its slot held, making room for a new
+// one by ending the session's least recently used idle context. It waits
+// for a busy context until wait passes or ctx ends.
+func (ks *kernels) acquire(ctx context.Context, key kernelKey, wait time.Duration) (*kernelProc, *APIError) {
 	ks.mu.Lock()
 	k := ks.m[key]
 	if k == nil {
@@ -206,11 +213,8 @@ func (ks *kernels) acquire(key kernelKey) (*kernelProc, *APIError) {
 				continue
 			}
 			n++
-			if v.mu.TryLock() {
-				v.mu.Unlock()
-				if idle == nil || v.lastUsed.Before(idle.lastUsed) {
-					idle = v
-				}
+			if len(v.slot) == 0 && (idle == nil || v.lastUsed.Before(idle.lastUsed)) {
+				idle = v
 			}
 		}
 		if n >= maxContextsPerSession {
@@ -224,12 +228,24 @@ func (ks *kernels) acquire(key kernelKey) (*kernelProc, *APIError) {
 		if ks.m == nil {
 			ks.m = map[kernelKey]*kernelProc{}
 		}
-		k = &kernelProc{ks: ks, key: key}
+		k = &kernelProc{ks: ks, key: key, slot: make(chan struct{}, 1)}
 		ks.m[key] = k
 	}
 	k.lastUsed = time.Now()
 	ks.mu.Unlock()
-	k.mu.Lock()
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case k.slot <- struct{}{}:
+	case <-ctx.Done():
+		return nil, apiErr(http.StatusServiceUnavailable, "unavailable", "the request ended while waiting for the context")
+	case <-t.C:
+		return nil, apiErr(http.StatusTooManyRequests, "rate_limited", "context %q is busy with another run; retry when it ends", key.contextID)
+	}
+	if ctx.Err() != nil { // the client left while the slot was taken
+		<-k.slot
+		return nil, apiErr(http.StatusServiceUnavailable, "unavailable", "the request ended while waiting for the context")
+	}
 	return k, nil
 }
 
@@ -237,7 +253,7 @@ func (k *kernelProc) release() {
 	k.ks.mu.Lock()
 	k.lastUsed = time.Now()
 	k.ks.mu.Unlock()
-	k.mu.Unlock()
+	<-k.slot
 }
 
 // drop forgets a context (a later run with its id starts afresh).
@@ -265,8 +281,14 @@ func (ks *kernels) closeSession(pk string) {
 	}
 }
 
+func (k *kernelProc) started() bool {
+	k.pmu.Lock()
+	defer k.pmu.Unlock()
+	return k.proc != nil
+}
+
 // start launches the context's interpreter and hands it its nonce.
-func (k *kernelProc) start(ctx context.Context, rt Runtime, containerID string, env []string) error {
+func (k *kernelProc) start(ctx context.Context, rt Runtime, containerID string, env []string, maxFrame int) error {
 	args, err := kernel.Args(k.key.lang)
 	if err != nil {
 		return err
@@ -280,11 +302,12 @@ func (k *kernelProc) start(ctx context.Context, rt Runtime, containerID string, 
 	if err != nil {
 		return err
 	}
-	k.proc = p
+	k.pmu.Lock()
+	k.proc, k.stop = p, make(chan struct{})
 	k.mark = kernel.Mark(hex.EncodeToString(nonce))
-	k.stop = make(chan struct{})
-	k.out = newMarkReader(p.Stdout(), k.mark, true, k.stop)
-	k.err = newMarkReader(p.Stderr(), k.mark, false, k.stop)
+	k.out = newMarkReader(p.Stdout(), k.mark, maxFrame, k.stop)
+	k.err = newMarkReader(p.Stderr(), k.mark, 64, k.stop)
+	k.pmu.Unlock()
 	if _, err := io.WriteString(p.Stdin(), hex.EncodeToString(nonce)+"\n"); err != nil {
 		k.kill()
 		return err
@@ -292,63 +315,83 @@ func (k *kernelProc) start(ctx context.Context, rt Runtime, containerID string, 
 	return nil
 }
 
-// kill ends the context's process group. Safe on a context never started.
+// kill ends the context: closing the agent connection makes the agent kill
+// its process group. Safe on a context never started, and more than once.
 func (k *kernelProc) kill() {
-	if p := k.proc; p != nil {
-		k.killOnce.Do(func() {
-			close(k.stop)
-			p.Signal("SIGKILL", true)
-			p.Close()
-		})
+	k.pmu.Lock()
+	p, stop := k.proc, k.stop
+	k.proc = nil
+	k.pmu.Unlock()
+	if p != nil {
+		close(stop)
+		p.Close()
 	}
 }
 
 var errContextEnded = errors.New("code context ended")
 
-// run sends code to the context and collects its output until the result.
-// At the deadline (or when ctx ends) the run is interrupted; if it does not
-// stop within interruptGrace, run returns an error and the caller kills the
-// context.
-func (k *kernelProc) run(ctx context.Context, code string, timeout time.Duration, stdout, stderr io.Writer) (res kernel.Result, timedOut bool, err error) {
-	line, _ := json.Marshal(map[string]string{"code": code})
-	if _, err := k.proc.Stdin().Write(append(line, '\n')); err != nil {
-		return res, false, errContextEnded
-	}
+// run sends code to the context and collects its output until the result
+// of this request (frames carry the request's number, so a frame forged or
+// left over from an earlier run is skipped). At the deadline (or when ctx
+// ends) the run is interrupted; if it does not stop within interruptGrace,
+// run returns an error and the caller kills the context.
+func (k *kernelProc) run(ctx context.Context, code string, maxResult int, timeout time.Duration, stdout, stderr io.Writer) (res kernel.Result, timedOut bool, err error) {
+	k.seq++
+	seq := k.seq
+	line, _ := json.Marshal(kernel.Request{Code: code, Seq: seq, MaxResult: maxResult, MaxDisplay: kernel.MaxDisplayBytes})
+	p := k.proc
+	written := make(chan error, 1)
+	go func() { // a kernel that stops reading stdin must not hold the run
+		_, err := p.Stdin().Write(append(line, '\n'))
+		written <- err
+	}()
 	timer := time.NewTimer(timeout)
 	defer timer.Stop()
 	done := ctx.Done()
 	interrupted := false
 	interrupt := func() {
-		if interrupted {
-			return
+		if !interrupted {
+			interrupted = true
+			go p.Signal("SIGINT", false)
+			timer.Reset(interruptGrace)
 		}
-		interrupted = true
-		k.proc.Signal("SIGINT", false)
-		timer.Reset(interruptGrace)
 	}
-	var gotOut, gotErr bool
+	wantErr := []byte(strconv.FormatUint(seq, 10))
+	var gotOut, gotErr, lost bool
+	outCh, errCh := k.out.ch, k.err.ch
 	for !gotOut || !gotErr {
 		select {
-		case ev := <-k.out.ch:
-			if ev.err != nil {
-				return res, timedOut, errContextEnded
-			}
+		case ev := <-outCh:
 			stdout.Write(ev.data)
-			if ev.end {
-				gotOut = true
-				if jerr := json.Unmarshal(ev.frame, &res); jerr != nil {
-					return res, timedOut, fmt.Errorf("code context: bad result frame: %w", jerr)
+			switch {
+			case ev.err != nil:
+				lost, gotOut, outCh = true, true, nil
+				interrupt() // the context is gone: take what is left, briefly
+			case ev.end:
+				var f kernel.Result
+				if json.Unmarshal(ev.frame, &f) == nil && f.Seq == seq {
+					res, gotOut = f, true
 				}
 			}
-		case ev := <-k.err.ch:
-			if ev.err != nil {
-				return res, timedOut, errContextEnded
-			}
+		case ev := <-errCh:
 			stderr.Write(ev.data)
-			gotErr = gotErr || ev.end
+			switch {
+			case ev.err != nil:
+				lost, gotErr, errCh = true, true, nil
+				interrupt() // the context is gone: take what is left, briefly
+			case ev.end && bytes.Equal(ev.frame, wantErr):
+				gotErr = true
+			}
+		case err := <-written:
+			if err != nil {
+				lost = true
+				interrupt() // collect what is left, then give up
+			}
+		case <-k.stop:
+			return res, timedOut, errContextEnded
 		case <-timer.C:
 			if interrupted {
-				return res, true, errContextEnded
+				return res, timedOut, errContextEnded
 			}
 			timedOut = true
 			interrupt()
@@ -357,11 +400,14 @@ func (k *kernelProc) run(ctx context.Context, code string, timeout time.Duration
 			interrupt()
 		}
 	}
+	if lost {
+		return res, timedOut, errContextEnded
+	}
 	return res, timedOut, nil
 }
 
-// markEvent is a piece of a kernel stream: output, and whether the run's
-// mark (with its frame, on stdout) ended it; or the stream's end.
+// markEvent is a piece of a kernel stream: output, and whether a mark (with
+// the line after it) ended it; or the stream's end.
 type markEvent struct {
 	data  []byte
 	end   bool
@@ -376,9 +422,9 @@ type markReader struct {
 	stop chan struct{}
 }
 
-func newMarkReader(r io.Reader, mark []byte, frames bool, stop chan struct{}) *markReader {
+func newMarkReader(r io.Reader, mark []byte, maxFrame int, stop chan struct{}) *markReader {
 	m := &markReader{ch: make(chan markEvent, 64), stop: stop}
-	go m.loop(r, mark, frames)
+	go m.loop(r, mark, maxFrame)
 	return m
 }
 
@@ -391,7 +437,7 @@ func (m *markReader) send(ev markEvent) bool {
 	}
 }
 
-func (m *markReader) loop(r io.Reader, mark []byte, frames bool) {
+func (m *markReader) loop(r io.Reader, mark []byte, maxFrame int) {
 	var pending []byte
 	inFrame := false
 	buf := make([]byte, 64<<10)
@@ -402,20 +448,17 @@ func (m *markReader) loop(r io.Reader, mark []byte, frames bool) {
 			if inFrame {
 				i := bytes.IndexByte(pending, '\n')
 				if i < 0 {
-					if len(pending) > maxKernelFrame {
+					if len(pending) > maxFrame {
 						m.send(markEvent{err: errors.New("code context: result frame too large")})
 						return
 					}
 					break
 				}
-				ev := markEvent{end: true}
-				if frames {
-					ev.frame = append([]byte(nil), pending[:i]...)
-				}
-				if !m.send(ev) {
+				if !m.send(markEvent{end: true, frame: pending[:i:i]}) {
 					return
 				}
-				pending = pending[i+1:]
+				// A new array: the frame's may be large and must not stay pinned.
+				pending = append([]byte(nil), pending[i+1:]...)
 				inFrame = false
 				continue
 			}
@@ -432,11 +475,14 @@ func (m *markReader) loop(r io.Reader, mark []byte, frames bool) {
 				if !m.send(markEvent{data: append([]byte(nil), pending[:len(pending)-keep]...)}) {
 					return
 				}
-				pending = append(pending[:0:0], pending[len(pending)-keep:]...)
+				pending = append([]byte(nil), pending[len(pending)-keep:]...)
 			}
 			break
 		}
 		if err != nil {
+			if !inFrame && len(pending) > 0 { // the last words of a dying context
+				m.send(markEvent{data: pending})
+			}
 			m.send(markEvent{err: err})
 			return
 		}

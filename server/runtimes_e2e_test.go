@@ -4,6 +4,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -25,7 +26,7 @@ func TestRealCodeRuntimes(t *testing.T) {
 	h := startServer(t, cfg)
 	const secret = "rt-secret-value-77d1e0"
 	code, b := h.call(h.token, "POST", "/v1/sandbox", map[string]any{"sessionId": "rt1", "size": "test-tiny",
-		"secrets": map[string]string{"API_KEY": secret}})
+		"secrets": map[string]string{"API_KEY": secret, "DB_PASS": `k"9\Tq2!Lw7Zp`, "P2": `m'4"Rv8Hx3Jq`}})
 	if code != 201 {
 		t.Fatalf("provision: %d %s", code, b)
 	}
@@ -35,7 +36,7 @@ func TestRealCodeRuntimes(t *testing.T) {
 		if code != 200 {
 			t.Fatalf("%s %v: %d %s", lang, req, code, raw)
 		}
-		if strings.Contains(raw, secret) {
+		if strings.Contains(raw, secret) || strings.Contains(raw, "Tq2!Lw7Zp") || strings.Contains(raw, "Rv8Hx3Jq") {
 			t.Fatalf("secret in the answer: %s", raw)
 		}
 		return r
@@ -90,6 +91,40 @@ func TestRealCodeRuntimes(t *testing.T) {
 		r = run("python", map[string]any{"code": "raise ValueError(os.environ['API_KEY'])"})
 		if r.Error == nil || !strings.Contains(r.Error.Value, "[REDACTED:API_KEY]") {
 			t.Fatalf("%+v", r.Error)
+		}
+		// Values with quotes and backslashes, as repr prints them (run checks
+		// the whole answer), and a secret as an exception's type name.
+		for _, code := range []string{"os.environ['DB_PASS']", "os.environ['P2']", "print(repr(os.environ['P2']))",
+			"raise type(os.environ['API_KEY'], (Exception,), {})('x')"} {
+			run("python", map[string]any{"code": code})
+		}
+		// A forged result (the nonce is in the kernel's frame) ends only the
+		// run that forged it: the next run gets its own result.
+		forge := `import sys, os, json, time
+f = sys._getframe()
+while f.f_code.co_name != '_main':
+    f = f.f_back
+m, seq = f.f_locals['mark'], f.f_locals['req']['seq']
+os.write(1, m + json.dumps({'seq': seq, 'result': "'FORGED'", 'error': None, 'display': []}).encode() + b'\n')
+os.write(2, m + str(seq).encode() + b'\n')
+time.sleep(0.3)
+'real A'`
+		if r := run("python", map[string]any{"code": forge, "contextId": "forge"}); str(r.Result) != "'FORGED'" {
+			t.Fatalf("%+v", r)
+		}
+		if r := run("python", map[string]any{"code": "'B'", "contextId": "forge"}); str(r.Result) != "'B'" {
+			t.Fatalf("a forged frame desynchronized the context: %+v", r)
+		}
+		// A forked child does not answer; a dying context's last words arrive.
+		if r := run("python", map[string]any{"code": "if os.fork() == 0: pass\n7", "contextId": "forge"}); str(r.Result) != "7" {
+			t.Fatalf("%+v", r)
+		}
+		if r := run("python", map[string]any{"code": "8", "contextId": "forge"}); str(r.Result) != "8" {
+			t.Fatalf("after a fork: %+v", r)
+		}
+		r = run("python", map[string]any{"code": "print('last words', flush=True); os._exit(3)", "contextId": "forge"})
+		if r.Stdout != "last words\n" || r.Error == nil || r.Error.Name != "ContextLost" {
+			t.Fatalf("%+v", r)
 		}
 	})
 
@@ -191,6 +226,17 @@ func TestRealCodeRuntimes(t *testing.T) {
 		if r.Stderr != "sub\n" || !strings.Contains(str(r.Result), "[REDACTED:API_KEY]") {
 			t.Fatalf("%+v", r)
 		}
+		for _, code := range []string{"process.env.DB_PASS", "const e = new Error('m'); e.name = process.env.API_KEY; throw e",
+			"display('x', process.env.API_KEY)", "Promise.reject(new Error(process.env.API_KEY)); 1"} {
+			run("node", map[string]any{"code": code})
+		}
+		// The kernel's names are out of reach, and stdin is not the protocol.
+		if r := run("node", map[string]any{"code": "typeof mark + typeof queue"}); str(r.Result) != "'undefinedundefined'" {
+			t.Fatalf("%+v", r)
+		}
+		if r := run("node", map[string]any{"code": "require('child_process').execSync('cat', {stdio: ['inherit', 'pipe', 'pipe']}).length"}); str(r.Result) != "0" {
+			t.Fatalf("%+v", r)
+		}
 		r = run("node", map[string]any{"code": "while (true) {}", "timeoutMs": 300})
 		if !r.TimedOut || r.Error == nil {
 			t.Fatalf("%+v", r)
@@ -217,8 +263,39 @@ func TestRealCodeRuntimes(t *testing.T) {
 		if n := count(); n != maxContextsPerSession {
 			t.Fatalf("%d interpreters for a limit of %d", n, maxContextsPerSession)
 		}
+		// A client that gives up while the context is busy: its code never runs.
+		busy := make(chan codeResponse)
+		go func() {
+			_, r, _ := h.runCode("python", "rt1", map[string]any{"code": "import time; time.sleep(1.5)", "contextId": "busy"})
+			busy <- r
+		}()
+		time.Sleep(300 * time.Millisecond)
+		body := strings.NewReader(`{"contextId": "busy", "code": "open('/tmp/abandoned', 'w').write('ran')"}`)
+		req, _ := http.NewRequest("POST", h.ts.URL+"/v1/sandbox/python/rt1", body)
+		req.Header.Set("Authorization", "Bearer "+h.token)
+		if _, err := (&http.Client{Timeout: 200 * time.Millisecond}).Do(req); err == nil {
+			t.Fatal("the busy context answered at once")
+		}
+		<-busy
+		if r := run("python", map[string]any{"code": "import os; os.path.exists('/tmp/abandoned')", "contextId": "busy"}); str(r.Result) != "False" {
+			t.Fatalf("an abandoned request ran: %+v", r)
+		}
+		// A run in flight ends at once when its sandbox is torn down.
+		go func() {
+			_, r, _ := h.runCode("python", "rt1", map[string]any{"code": "import time; time.sleep(60)", "contextId": "busy"})
+			busy <- r
+		}()
+		time.Sleep(300 * time.Millisecond)
 		if code, _ := h.call(h.token, "POST", "/v1/sandbox/rt1/teardown", nil); code != 200 {
 			t.Fatal("teardown")
+		}
+		select {
+		case r := <-busy:
+			if r.Error == nil || r.Error.Name != "ContextLost" || r.TimedOut {
+				t.Fatalf("run cut by teardown: %+v", r)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("a run outlived its sandbox's teardown")
 		}
 		if code, _, _ := h.runCode("python", "rt1", map[string]any{"code": "1"}); code != 409 {
 			t.Fatalf("code in a stopped session: %d", code)

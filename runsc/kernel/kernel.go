@@ -1,11 +1,11 @@
 // Package kernel holds the programs that keep a code-runtime context alive
 // inside a sandbox (python.py, node.js) and the framing of their output.
 //
-// Protocol: the server writes a nonce line, then one JSON request line
-// {"code": "..."} per run, to the program's stdin. For each run the program
-// writes the run's output on stdout and stderr, then Mark(nonce) followed by
-// a JSON Result and "\n" on stdout, and Mark(nonce) followed by "\n" on
-// stderr. Bytes before the marks are the run's output, child processes'
+// Protocol: the server writes a nonce line, then one JSON Request line per
+// run, to the program's stdin. For each run the program writes the run's
+// output on stdout and stderr, then Mark(nonce) followed by a JSON Result
+// and "\n" on stdout, and Mark(nonce) followed by the request's Seq and
+// "\n" on stderr. Bytes before the marks are the run's output, child processes'
 // included; a program that prints something mark-like without the nonce
 // only prints text.
 package kernel
@@ -30,7 +30,9 @@ func Args(lang string) ([]string, error) {
 	case "python":
 		return []string{"/usr/bin/python3", "-u", "-c", pythonSource}, nil
 	case "node":
-		return []string{"/usr/bin/node", "-e", nodeSource}, nil
+		// Node cannot move its stdin aside itself: the shell gives it the
+		// requests on fd 3 and /dev/null on fd 0.
+		return []string{"/bin/sh", "-c", `exec 3<&0 </dev/null; exec /usr/bin/node -e "$1"`, "sandboxd-node", nodeSource}, nil
 	}
 	return nil, fmt.Errorf("kernel: no runtime %q", lang)
 }
@@ -38,11 +40,25 @@ func Args(lang string) ([]string, error) {
 // Mark is what precedes a run's result frame on stdout and its end on stderr.
 func Mark(nonce string) []byte { return []byte("\x1e" + nonce + "\x1f") }
 
-// Result is a run's outcome as the kernel reports it.
+// MaxDisplayBytes bounds a run's rich output; a kernel drops what is over.
+const MaxDisplayBytes = 8 << 20
+
+// Request is one run, as a line on the kernel's stdin. MaxResult (in
+// characters) and MaxDisplay (in bytes) bound the result frame.
+type Request struct {
+	Code       string `json:"code"`
+	Seq        uint64 `json:"seq"`
+	MaxResult  int    `json:"maxResult"`
+	MaxDisplay int    `json:"maxDisplay"`
+}
+
+// Result is a run's outcome as the kernel reports it, for request Seq.
 type Result struct {
-	Result  *string   `json:"result"`
-	Error   *Error    `json:"error"`
-	Display []Display `json:"display"`
+	Seq       uint64    `json:"seq"`
+	Result    *string   `json:"result"`
+	Error     *Error    `json:"error"`
+	Display   []Display `json:"display"`
+	Truncated bool      `json:"truncated"`
 }
 
 // Error is an exception that ended a run.

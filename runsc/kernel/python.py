@@ -1,10 +1,15 @@
 # sandboxd's Python context: one interpreter whose namespace persists between
-# runs. Protocol (see doc.go): the first stdin line is a nonce; then each
-# stdin line is a JSON request {"code": "..."}. After each run the kernel
-# writes MARK + JSON result + "\n" on stdout and MARK + "\n" on stderr, where
-# MARK = "\x1e" + nonce + "\x1f"; everything else on the two streams is the
-# run's output (including that of child processes).
+# runs. Protocol (see kernel.go): the first stdin line is a nonce; then each
+# stdin line is a JSON request {"code", "seq", "maxResult", "maxDisplay"}.
+# After each run the kernel writes MARK + JSON result + "\n" on stdout and
+# MARK + seq + "\n" on stderr, where MARK = "\x1e" + nonce + "\x1f";
+# everything else on the two streams is the run's output (child processes'
+# included).
 import ast, base64, json, os, signal, sys, traceback
+
+def write_all(fd, b):
+    while b:
+        b = b[os.write(fd, b):]
 
 def _main():
     proto = os.fdopen(os.dup(0), "rb")
@@ -77,13 +82,14 @@ def _main():
 
     signal.signal(signal.SIGINT, on_sigint)
 
+    pid = os.getpid()
     while True:
         line = proto.readline()
         if not line:
             return
         req = json.loads(line)
         del displays[:]
-        res = {"result": None, "error": None}
+        res = {"seq": req["seq"], "result": None, "error": None, "truncated": False}
         try:
             running[0] = True
             try:
@@ -92,7 +98,10 @@ def _main():
                 running[0] = False
             if v is not None:
                 ns["_"] = v
-                res["result"] = repr(v)
+                r = repr(v)
+                if len(r) > req["maxResult"]:
+                    r, res["truncated"] = r[:req["maxResult"]], True
+                res["result"] = r
                 displays.extend(bundle(v))
         except BaseException as e:  # SystemExit and KeyboardInterrupt too: the context lives on
             tb = traceback.extract_tb(e.__traceback__)
@@ -103,13 +112,22 @@ def _main():
             figures()
         except Exception:
             pass
-        res["display"] = list(displays)
+        if os.getpid() != pid:
+            os._exit(0)  # a child forked by the cell must not answer
+        res["display"], size = [], 0
+        for d in displays:
+            size += len(d["data"]) + len(d["mime"])
+            if size > req["maxDisplay"]:
+                res["truncated"] = True
+                break
+            res["display"].append(d)
         for f in (sys.stdout, sys.stderr):
             try:
                 f.flush()
             except Exception:
                 pass
-        os.write(1, mark + json.dumps(res, default=str).encode() + b"\n")
-        os.write(2, mark + b"\n")
+        frame = json.dumps(res, default=str, ensure_ascii=False).encode("utf-8", "backslashreplace")
+        write_all(1, mark + frame + b"\n")
+        write_all(2, mark + str(req["seq"]).encode() + b"\n")
 
 _main()
