@@ -37,6 +37,9 @@ const (
 	// unchanged files are cached) within maxHashTime. A listing that was cut
 	// says why in the X-Listing-Truncated header.
 	maxListEntries = 10000
+	// maxListBytes bounds a listing's JSON answer (names may escape to six
+	// times their size), built in memory.
+	maxListBytes   = 8 << 20
 	maxWalkDepth   = 32
 	maxHashBytes   = 1 << 30
 	maxHashTime    = 60 * time.Second
@@ -193,6 +196,7 @@ func (s *Server) listDir(c *gin.Context, fd int, dirPath string, set *scrub.Set)
 	}
 	sort.Strings(names)
 	out := make([]fileEntry, 0, len(names))
+	size := 0
 	for _, n := range names {
 		var st unix.Stat_t
 		if err := unix.Fstatat(fd, n, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
@@ -201,6 +205,11 @@ func (s *Server) listDir(c *gin.Context, fd int, dirPath string, set *scrub.Set)
 		typ := fileType(st.Mode)
 		if typ == "" {
 			continue
+		}
+		if size += jsonSize(n) + jsonSize(dirPath) + jsonSize(n) + 128; size > maxListBytes {
+			c.Header(truncatedHdr, "size")
+			more = false
+			break
 		}
 		out = append(out, fileEntry{Name: redactStr(set, n), Path: redactStr(set, path.Join(dirPath, n)), Type: typ,
 			Size: st.Size, ModifiedAt: mtime(&st)})
@@ -492,10 +501,28 @@ type artifactWalk struct {
 	set      *scrub.Set
 	pk       string
 	entries  int
+	size     int // estimated bytes of the JSON answer
 	budget   int64
 	deadline time.Time
 	cut      map[string]bool // why the listing is incomplete
 	out      []artifact
+}
+
+// jsonSize bounds the length of s as a JSON string body: bytes that may be
+// escaped (controls, <>&, non-ASCII or invalid UTF-8) count six.
+func jsonSize(s string) int {
+	n := 0
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c < 0x20 || c >= 0x80 || c == '<' || c == '>' || c == '&':
+			n += 6
+		case c == '"' || c == '\\':
+			n += 2
+		default:
+			n++
+		}
+	}
+	return n
 }
 
 // walk lists the directory fd (which it closes) at rel, depth levels below
@@ -503,6 +530,9 @@ type artifactWalk struct {
 func (w *artifactWalk) walk(fd int, rel string, depth int) error {
 	defer unix.Close(fd)
 	left := maxListEntries - w.entries
+	if w.cut["size"] {
+		return nil
+	}
 	if left <= 0 {
 		w.cut["entries"] = true
 		return nil
@@ -536,6 +566,10 @@ func (w *artifactWalk) walk(fd int, rel string, depth int) error {
 				return err
 			}
 		case unix.S_IFREG:
+			if w.size += jsonSize(p) + 160; w.size > maxListBytes {
+				w.cut["size"] = true
+				return nil
+			}
 			a, ok := w.digest(fd, n, &st)
 			if ok {
 				a.Path = string(w.set.Redact([]byte(p)))

@@ -539,6 +539,25 @@ python3 -c 'import socket; s=socket.socket(socket.AF_UNIX); s.bind("/workspace/e
 		}
 	})
 
+	t.Run("names that escape to six times their size bound the answer", func(t *testing.T) {
+		// 3000 names of 240 '<' (each "\u003c" in JSON) in a directory named
+		// like them: a listing would answer ~13 MB, the artifacts ~9.5 MB.
+		dir := "/workspace/wide" + strings.Repeat("<", 200)
+		h.sh("f1", `mkdir -p '`+dir+`' && cd '`+dir+`' && python3 -c "
+for i in range(3000): open('%04d' % i + '<' * 240, 'w').close()"`)
+		resp, b := fc.get("f1", dir)
+		if resp.StatusCode != 200 || resp.Header.Get(truncatedHdr) != "size" || len(b) > maxListBytes+(1<<20) {
+			t.Fatalf("listing: %d, %q, %d bytes", resp.StatusCode, resp.Header.Get(truncatedHdr), len(b))
+		}
+		list, hdr := fc.artifacts("f1")
+		if !strings.Contains(hdr.Get(truncatedHdr), "size") || len(list) == 0 || len(list) >= 3000 {
+			t.Fatalf("artifacts: %q, %d entries", hdr.Get(truncatedHdr), len(list))
+		}
+		if resp, b := fc.del("f1", dir, "recursive=true"); resp.StatusCode != 204 {
+			t.Fatalf("delete: %d %s", resp.StatusCode, b)
+		}
+	})
+
 	t.Run("a slow client holds the session only until the deadline", func(t *testing.T) {
 		old := fileIODeadlineNs.Swap(int64(time.Second))
 		defer fileIODeadlineNs.Store(old)

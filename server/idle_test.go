@@ -22,7 +22,19 @@ func TestIdleTimeoutTearsDown(t *testing.T) {
 		t.Fatalf("exec: %d %s", rec.Code, rec.Body)
 	}
 	now = now.Add(20 * time.Second) // idle1: 70 s idle; busy1: 20 s
-	e.s.sb.sweep()
+	// A session whose lock is held (a long download) does not hold up the
+	// monitor for the others.
+	held := decodeBody[sandboxObject](t, e.get(e.token, "forever"), http.StatusOK)
+	ses, _ := e.s.db.GetSession(t.Context(), held.OrgID, "forever")
+	unlock := e.s.sb.lock(ses.ID)
+	swept := make(chan struct{})
+	go func() { e.s.sb.sweep(); close(swept) }()
+	select {
+	case <-swept:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the monitor waited for a locked session")
+	}
+	unlock()
 	for id, want := range map[string]string{"idle1": "stopped", "busy1": "running", "forever": "running"} {
 		o := decodeBody[sandboxObject](t, e.get(e.token, id), http.StatusOK)
 		if o.Status != want {

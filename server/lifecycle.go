@@ -3,15 +3,14 @@ package server
 import (
 	"context"
 	"fmt"
-	"io/fs"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"sandboxd/runsc"
 	"sandboxd/store"
@@ -135,15 +134,29 @@ func (m *manager) idle(ses *store.Session, now time.Time) bool {
 }
 
 func (m *manager) lock(pk string) func() {
+	l := m.sessionMutex(pk)
+	l.Lock()
+	return l.Unlock
+}
+
+// tryLock takes a session's lock only if it is free.
+func (m *manager) tryLock(pk string) (func(), bool) {
+	l := m.sessionMutex(pk)
+	if !l.TryLock() {
+		return nil, false
+	}
+	return l.Unlock, true
+}
+
+func (m *manager) sessionMutex(pk string) *sync.Mutex {
 	m.mu.Lock()
+	defer m.mu.Unlock()
 	l := m.locks[pk]
 	if l == nil {
 		l = &sync.Mutex{}
 		m.locks[pk] = l
 	}
-	m.mu.Unlock()
-	l.Lock()
-	return l.Unlock
+	return l
 }
 
 // reserve takes capacity for a new sandbox: a slot on the server and in
@@ -503,7 +516,12 @@ func (m *manager) sweep() {
 		if ses.Status != store.StatusRunning {
 			continue
 		}
-		unlock := m.lock(ses.ID)
+		// A session busy with a long operation (a download holds its lock for
+		// up to minutes) waits for the next round, not the others.
+		unlock, ok := m.tryLock(ses.ID)
+		if !ok {
+			continue
+		}
 		// Re-read under the lock: the session may have moved on.
 		if cur, err := m.s.db.GetSessionByID(ctx, ses.ID); err == nil {
 			m.checkAlive(ctx, &cur)
@@ -533,19 +551,58 @@ func (m *manager) stop() {
 }
 
 // dirBytes sums the disk space used by the files under dir (allocated
-// blocks, so sparse files count what they use), without following symlinks.
+// blocks, so sparse files count what they use). The sandbox may still run
+// and swap a directory for a symlink to the host meanwhile, so the walk
+// goes by descriptors beneath dir and follows no link (wsfs.go), and stops
+// after dirBytesLimit entries or seconds.
 func dirBytes(dir string) int64 {
-	var n int64
-	filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return nil // unreadable parts do not count
+	fd, err := openWorkspaceDir(dir)
+	if err != nil {
+		return 0
+	}
+	w := byteWalk{deadline: time.Now().Add(dirBytesTime), left: dirBytesEntries}
+	w.walk(fd, 0)
+	return w.n
+}
+
+const (
+	dirBytesEntries = 1 << 20
+	dirBytesTime    = 10 * time.Second
+)
+
+type byteWalk struct {
+	n        int64
+	left     int
+	deadline time.Time
+}
+
+// walk adds up the directory fd (which it closes).
+func (w *byteWalk) walk(fd, depth int) {
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if unix.Fstat(fd, &st) == nil {
+		w.n += st.Blocks * 512
+	}
+	names, _, err := readNames(fd, w.left)
+	if err != nil {
+		return
+	}
+	w.left -= len(names)
+	for _, name := range names {
+		if w.left <= 0 || time.Now().After(w.deadline) {
+			return
 		}
-		if info, err := d.Info(); err == nil {
-			if st, ok := info.Sys().(*syscall.Stat_t); ok {
-				n += st.Blocks * 512
+		if unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW) != nil {
+			continue
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			w.n += st.Blocks * 512
+			continue
+		}
+		if depth < maxDeleteDepth {
+			if sub, err := openDir(fd, name); err == nil {
+				w.walk(sub, depth+1)
 			}
 		}
-		return nil
-	})
-	return n
+	}
 }
