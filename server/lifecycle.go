@@ -556,7 +556,8 @@ func (m *manager) stop() {
 // goes by descriptors beneath dir and follows no link (wsfs.go), and stops
 // after dirBytesLimit entries or seconds.
 func dirBytes(dir string) int64 {
-	fd, err := openWorkspaceDir(dir)
+	// dir's own path is the server's; what is below it is the sandbox's.
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return 0
 	}

@@ -163,13 +163,21 @@ func Open(path string) (*DB, error) {
 	}
 	ctx := context.Background()
 	// Touch the writer first so WAL mode is set before readers connect.
-	if err := w.PingContext(ctx); err != nil {
-		w.Close()
-		return nil, fmt.Errorf("store: open %s: %w", path, err)
-	}
-	if err := migrate(ctx, w, db.now().UnixNano()); err != nil {
-		w.Close()
-		return nil, fmt.Errorf("store: open %s: %w", path, err)
+	// Switching a file to WAL while another process opens it can fail with
+	// SQLITE_BUSY without waiting for busy_timeout: retry for a while.
+	for attempt := 0; ; attempt++ {
+		err = w.PingContext(ctx)
+		if err == nil {
+			err = migrate(ctx, w, db.now().UnixNano())
+		}
+		if err == nil {
+			break
+		}
+		if attempt >= 100 || !strings.Contains(err.Error(), "SQLITE_BUSY") {
+			w.Close()
+			return nil, fmt.Errorf("store: open %s: %w", path, err)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 	r, err := sql.Open("sqlite", base+"?"+common+"&_pragma=query_only(1)")
 	if err != nil {
