@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"os"
 	"path"
 	"sort"
 	"strings"
@@ -154,6 +155,24 @@ func (s *Server) withWorkspace(c *gin.Context, write bool, fn func(ses *store.Se
 
 func redactStr(set *scrub.Set, v string) string { return string(set.Redact([]byte(v))) }
 
+// openForRead opens rel beneath the workspace for reading (a FIFO does not
+// block) and stats it; on failure it has answered.
+func (s *Server) openForRead(c *gin.Context, wsfd int, rel string) (*os.File, unix.Stat_t, bool) {
+	var st unix.Stat_t
+	fd, err := openat2(wsfd, rel, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY)
+	if err != nil {
+		s.writeError(c, fsError(err))
+		return nil, st, false
+	}
+	f := osFile(fd, path.Base("/"+rel))
+	if err := unix.Fstat(fd, &st); err != nil {
+		f.Close()
+		s.writeError(c, err)
+		return nil, st, false
+	}
+	return f, st, true
+}
+
 // getFiles: GET /v1/sandbox/:sessionId/files?path=. A directory lists its
 // entries; a regular file is its (scrubbed) bytes.
 func (s *Server) getFiles(c *gin.Context) {
@@ -165,21 +184,14 @@ func (s *Server) getFiles(c *gin.Context) {
 	}
 	s.withWorkspace(c, false, func(ses *store.Session, wsfd int, set *scrub.Set) {
 		auditDetail(c, "path", redactStr(set, p))
-		fd, err := openat2(wsfd, rel, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY)
-		if err != nil {
-			s.writeError(c, fsError(err))
+		f, st, ok := s.openForRead(c, wsfd, rel)
+		if !ok {
 			return
 		}
-		f := osFile(fd, "file")
 		defer f.Close()
-		var st unix.Stat_t
-		if err := unix.Fstat(fd, &st); err != nil {
-			s.writeError(c, err)
-			return
-		}
 		switch st.Mode & unix.S_IFMT {
 		case unix.S_IFDIR:
-			s.listDir(c, fd, "/"+path.Join("workspace", rel), set)
+			s.listDir(c, int(f.Fd()), "/"+path.Join("workspace", rel), set)
 		case unix.S_IFREG:
 			s.sendFile(c, f, path.Base("/"+rel), set)
 		default:
@@ -653,18 +665,11 @@ func (s *Server) getArtifact(c *gin.Context) {
 	}
 	s.withWorkspace(c, false, func(ses *store.Session, wsfd int, set *scrub.Set) {
 		auditDetail(c, "path", redactStr(set, rel))
-		fd, err := openat2(wsfd, rel, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY)
-		if err != nil {
-			s.writeError(c, fsError(err))
+		f, st, ok := s.openForRead(c, wsfd, rel)
+		if !ok {
 			return
 		}
-		f := osFile(fd, "artifact")
 		defer f.Close()
-		var st unix.Stat_t
-		if err := unix.Fstat(fd, &st); err != nil {
-			s.writeError(c, err)
-			return
-		}
 		switch st.Mode & unix.S_IFMT {
 		case unix.S_IFREG:
 			s.sendFile(c, f, path.Base("/"+rel), set)
