@@ -295,6 +295,12 @@ func (m *manager) start(ses *store.Session, size Size, resumed bool) error {
 	return nil
 }
 
+// closeProcesses ends a session's terminals and code contexts.
+func (s *Server) closeProcesses(pk string) {
+	s.terms.closeSession(pk)
+	s.kernels.closeSession(pk)
+}
+
 // forgetActivity drops a session's idle record.
 func (m *manager) forgetActivity(pk string) {
 	m.mu.Lock()
@@ -329,8 +335,7 @@ func (m *manager) teardown(ctx context.Context, ses *store.Session) (teardownRes
 			m.release(ses.OrgID, ses.MemoryMiB) // a stopping session holds no capacity
 		}
 	}
-	m.s.terms.closeSession(ses.ID)
-	m.s.kernels.closeSession(ses.ID)
+	m.s.closeProcesses(ses.ID)
 	m.s.stopKernelLog(ses.ID)
 	m.s.stopEgress(ses)
 	res.WorkspaceBytes = dirBytes(m.s.rt.WorkspaceDir(ses.ContainerID))
@@ -349,8 +354,7 @@ func (m *manager) remove(ctx context.Context, ses *store.Session) error {
 	if ses.Status == store.StatusProvisioning {
 		return conflict("session is still provisioning")
 	}
-	m.s.terms.closeSession(ses.ID)
-	m.s.kernels.closeSession(ses.ID)
+	m.s.closeProcesses(ses.ID)
 	m.s.stopKernelLog(ses.ID)
 	if ses.Status == store.StatusRunning || ses.Status == store.StatusStopping {
 		m.s.stopEgress(ses) // teardown and markDead did it for the others
@@ -384,8 +388,7 @@ func (m *manager) markDead(ses *store.Session, reason string) {
 		return
 	}
 	m.release(ses.OrgID, ses.MemoryMiB)
-	m.s.terms.closeSession(ses.ID)
-	m.s.kernels.closeSession(ses.ID)
+	m.s.closeProcesses(ses.ID)
 	m.s.stopKernelLog(ses.ID)
 	if reason == "oom" {
 		m.s.event(ses, "oom", map[string]any{"memoryMiB": ses.MemoryMiB})
@@ -553,8 +556,8 @@ func (m *manager) stop() {
 // dirBytes sums the disk space used by the files under dir (allocated
 // blocks, so sparse files count what they use). The sandbox may still run
 // and swap a directory for a symlink to the host meanwhile, so the walk
-// goes by descriptors beneath dir and follows no link (wsfs.go), and stops
-// after dirBytesLimit entries or seconds.
+// goes by descriptors and follows no link (openDir, wsfs.go), and stops
+// after dirBytesEntries entries or dirBytesTime.
 func dirBytes(dir string) int64 {
 	// dir's own path is the server's; what is below it is the sandbox's.
 	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
@@ -584,13 +587,16 @@ func (w *byteWalk) walk(fd, depth int) {
 	if unix.Fstat(fd, &st) == nil {
 		w.n += st.Blocks * 512
 	}
+	if w.left <= 0 {
+		return
+	}
 	names, _, err := readNames(fd, w.left)
 	if err != nil {
 		return
 	}
 	w.left -= len(names)
 	for _, name := range names {
-		if w.left <= 0 || time.Now().After(w.deadline) {
+		if time.Now().After(w.deadline) {
 			return
 		}
 		if unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW) != nil {
