@@ -194,7 +194,6 @@ type kernelProc struct {
 
 	pmu      sync.Mutex // guards proc and stop against kill
 	proc     Process
-	mark     []byte
 	out, err *markReader
 	stop     chan struct{} // closed by kill
 }
@@ -304,9 +303,9 @@ func (k *kernelProc) start(ctx context.Context, rt Runtime, containerID string, 
 	}
 	k.pmu.Lock()
 	k.proc, k.stop = p, make(chan struct{})
-	k.mark = kernel.Mark(hex.EncodeToString(nonce))
-	k.out = newMarkReader(p.Stdout(), k.mark, maxFrame, k.stop)
-	k.err = newMarkReader(p.Stderr(), k.mark, 64, k.stop)
+	mark := kernel.Mark(hex.EncodeToString(nonce))
+	k.out = newMarkReader(p.Stdout(), mark, maxFrame, k.stop)
+	k.err = newMarkReader(p.Stderr(), mark, 64, k.stop)
 	k.pmu.Unlock()
 	if _, err := io.WriteString(p.Stdin(), hex.EncodeToString(nonce)+"\n"); err != nil {
 		k.kill()
