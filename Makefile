@@ -1,12 +1,13 @@
 # sandboxd: `make run` builds everything and starts the server; `make test` runs all tests.
-# Needs root (network namespaces, mounts, cgroups) and, for the first image build, debootstrap.
+# Needs root (network namespaces, mounts, cgroups); both install the host packages they
+# need (configs/host/packages.txt) when a command is missing.
 
 GO      ?= go
 BIN     := $(CURDIR)/bin
 GOFLAGS := -trimpath
 export CGO_ENABLED := 0
 
-.PHONY: all build image run test test-unit bench clean-leftovers fmt
+.PHONY: all build root-check host-packages image run test test-unit bench clean-leftovers fmt
 
 all: build
 
@@ -20,13 +21,23 @@ build:
 root-check:
 	@if [ "$$(id -u)" != 0 ]; then echo "sandboxd needs root (network namespaces, mounts, cgroups): run 'sudo make $(MAKECMDGOALS)'" >&2; exit 1; fi
 
-image: build root-check
+# Installs the Debian package of every command in configs/host/packages.txt
+# that is not on PATH (a fresh machine lacks debootstrap, for one).
+host-packages: root-check
+	@need=$$(awk '!/^#/ && NF == 2 {print $$1, $$2}' configs/host/packages.txt | \
+		while read -r cmd pkg; do command -v "$$cmd" >/dev/null 2>&1 || echo "$$pkg"; done | sort -u | tr '\n' ' '); \
+	if [ -n "$$need" ]; then \
+		echo "installing host packages: $$need"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$need; \
+	fi
+
+image: root-check host-packages build
 	$(BIN)/sandboxd image
 
-run: build root-check
+run: root-check host-packages build
 	$(BIN)/sandboxd serve $(ARGS)
 
-test: build root-check image
+test: root-check host-packages build image
 	$(GO) vet ./...
 	@# The scrubber's fuzz target, bounded on every run. A count, not a duration:
 	@# Go 1.26's coordinator can fail a duration run at its deadline with no
@@ -38,7 +49,7 @@ test-unit:
 	$(GO) vet ./...
 	$(GO) test -count=1 -short ./...
 
-bench: build root-check image
+bench: root-check host-packages build image
 	SANDBOXD_BIN=$(BIN) $(GO) test -count=1 -run '^$$' -bench . -benchtime 20x -timeout 30m ./server/
 	$(GO) test -count=1 -run '^$$' -bench Scrub -benchtime 2s ./streams/scrub/
 
