@@ -8,6 +8,7 @@ import (
 
 	"github.com/gin-gonic/gin"
 
+	"sandboxd/server/errdefs"
 	"sandboxd/store"
 )
 
@@ -88,11 +89,11 @@ func (s *Server) revokeToken(c *gin.Context) {
 	auditDetail(c, "tokenId", id)
 	t, err := s.db.GetToken(c.Request.Context(), p.Org.ID, id)
 	if err != nil || (t.UserID != p.User.ID && !Can(p.Role, PermOrgManage)) {
-		s.writeError(c, apiErr(http.StatusNotFound, "not_found", "no such token"))
+		s.writeError(c, errdefs.NotFound("no such token"))
 		return
 	}
 	if t.UserID != p.User.ID && p.Role != store.RoleOwner && s.roleOf(c, p.Org.ID, t.UserID) == store.RoleOwner {
-		s.writeError(c, forbiddenMsg("only an owner can revoke an owner's token"))
+		s.writeError(c, errdefs.Forbidden("only an owner can revoke an owner's token"))
 		return
 	}
 	if err := s.db.RevokeToken(c.Request.Context(), p.Org.ID, id); err != nil {
@@ -105,7 +106,7 @@ func (s *Server) revokeToken(c *gin.Context) {
 func (s *Server) orgParam(c *gin.Context) (store.Principal, bool) {
 	p := principal(c)
 	if c.Param("orgId") != p.Org.ID {
-		s.writeError(c, apiErr(http.StatusNotFound, "not_found", "no such organization"))
+		s.writeError(c, errdefs.NotFound("no such organization"))
 		return p, false
 	}
 	return p, true
@@ -134,7 +135,7 @@ func (s *Server) addMember(c *gin.Context) {
 		return
 	}
 	if req.Role == store.RoleOwner && p.Role != store.RoleOwner {
-		s.writeError(c, forbiddenMsg("only an owner can add an owner"))
+		s.writeError(c, errdefs.Forbidden("only an owner can add an owner"))
 		return
 	}
 	u, t, plain, err := s.db.AddMember(c.Request.Context(), p.Org.ID, req.Name, req.Role)
@@ -183,7 +184,7 @@ func (s *Server) updateMember(c *gin.Context) {
 		return
 	}
 	if (req.Role == store.RoleOwner || s.roleOf(c, p.Org.ID, c.Param("userId")) == store.RoleOwner) && p.Role != store.RoleOwner {
-		s.writeError(c, forbiddenMsg("only an owner can make an owner or change an owner's role"))
+		s.writeError(c, errdefs.Forbidden("only an owner can make an owner or change an owner's role"))
 		return
 	}
 	auditDetail(c, "userId", c.Param("userId"))
@@ -202,7 +203,7 @@ func (s *Server) removeMember(c *gin.Context) {
 	}
 	auditDetail(c, "userId", c.Param("userId"))
 	if p.Role != store.RoleOwner && s.roleOf(c, p.Org.ID, c.Param("userId")) == store.RoleOwner {
-		s.writeError(c, forbiddenMsg("only an owner can remove an owner"))
+		s.writeError(c, errdefs.Forbidden("only an owner can remove an owner"))
 		return
 	}
 	if err := s.db.RemoveMember(c.Request.Context(), p.Org.ID, c.Param("userId")); err != nil {
@@ -229,9 +230,9 @@ func (s *Server) roleOf(c *gin.Context, orgID, userID string) string {
 func memberErr(err error) error {
 	switch {
 	case errors.Is(err, store.ErrNotFound):
-		return apiErr(http.StatusNotFound, "not_found", "no such member")
+		return errdefs.NotFound("no such member")
 	case errors.Is(err, store.ErrConflict):
-		return conflict("an organization keeps at least one owner")
+		return errdefs.Conflict("an organization keeps at least one owner")
 	case errors.Is(err, store.ErrInvalid):
 		return badRequest("role: invalid")
 	}

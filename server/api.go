@@ -14,6 +14,7 @@ import (
 	"github.com/gin-gonic/gin"
 	"github.com/gorilla/websocket"
 
+	"sandboxd/server/errdefs"
 	"sandboxd/store"
 )
 
@@ -52,10 +53,10 @@ func (s *Server) routes() *gin.Engine {
 	e.SetTrustedProxies(s.cfg.TrustedProxies)
 	e.RemoteIPHeaders = []string{"X-Forwarded-For"}
 	e.Use(s.recoverer, s.requestIDs, s.met.countRequests)
-	e.NoRoute(func(c *gin.Context) { s.writeError(c, apiErr(http.StatusNotFound, "not_found", "no such route")) })
+	e.NoRoute(func(c *gin.Context) { s.writeError(c, errdefs.NotFound("no such route")) })
 	e.HandleMethodNotAllowed = true
 	e.NoMethod(func(c *gin.Context) {
-		s.writeError(c, apiErr(http.StatusMethodNotAllowed, "method_not_allowed", "method not allowed on this route"))
+		s.writeError(c, errdefs.New(errdefs.ErrMethod, "method not allowed on this route"))
 	})
 	e.GET("/healthz", func(c *gin.Context) { c.JSON(http.StatusOK, gin.H{"status": "ok"}) })
 	e.GET("/metrics", s.met.handler())

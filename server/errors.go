@@ -2,48 +2,64 @@ package server
 
 import (
 	"errors"
-	"fmt"
 	"net/http"
 
 	"github.com/gin-gonic/gin"
+
+	"sandboxd/server/errdefs"
 )
 
-// APIError is an error with its HTTP status and contract code. Its Message
-// is shown to clients, so it never holds argv, host paths or env values.
-type APIError struct {
-	Status  int
-	Code    string
-	Message string
+// statusOf is the one map from error classes (errdefs) to HTTP: the status
+// and the contract code of the error body. An error without a public class
+// is internal (500, logged with the request id, never shown).
+func statusOf(err error) (status int, code, msg string) {
+	pe, ok := errdefs.Public(err)
+	if !ok {
+		return http.StatusInternalServerError, "internal", "internal error; see the server log with this request id"
+	}
+	for _, c := range classes {
+		if errors.Is(pe.Class(), c.class) {
+			code = c.code
+			if pe.Code() != "" {
+				code = pe.Code()
+			}
+			return c.status, code, pe.Message()
+		}
+	}
+	return http.StatusInternalServerError, "internal", "internal error; see the server log with this request id"
 }
 
-func (e *APIError) Error() string { return e.Code + ": " + e.Message }
-
-func apiErr(status int, code, format string, args ...any) *APIError {
-	return &APIError{Status: status, Code: code, Message: fmt.Sprintf(format, args...)}
+var classes = []struct {
+	class  error
+	status int
+	code   string
+}{
+	{errdefs.ErrInvalid, http.StatusBadRequest, "invalid_request"},
+	{errdefs.ErrUnauthenticated, http.StatusUnauthorized, "unauthenticated"},
+	{errdefs.ErrForbidden, http.StatusForbidden, "forbidden"},
+	{errdefs.ErrNotFound, http.StatusNotFound, "not_found"},
+	{errdefs.ErrMethod, http.StatusMethodNotAllowed, "method_not_allowed"},
+	{errdefs.ErrConflict, http.StatusConflict, "conflict"},
+	{errdefs.ErrPrecondition, http.StatusPreconditionFailed, "precondition_failed"},
+	{errdefs.ErrTooLarge, http.StatusRequestEntityTooLarge, "too_large"},
+	{errdefs.ErrRateLimited, http.StatusTooManyRequests, "rate_limited"},
+	{errdefs.ErrNoSpace, http.StatusInsufficientStorage, "insufficient_storage"},
+	{errdefs.ErrUnavailable, http.StatusServiceUnavailable, "unavailable"},
 }
 
-func badRequest(format string, args ...any) *APIError {
-	return apiErr(http.StatusBadRequest, "invalid_request", format, args...)
-}
-
+// Errors of the edge itself.
 var (
-	errUnauthenticated = apiErr(http.StatusUnauthorized, "unauthenticated", "missing, unknown or revoked bearer token")
-	errNotFound        = apiErr(http.StatusNotFound, "not_found", "no such session")
-	errTooLarge        = apiErr(http.StatusRequestEntityTooLarge, "too_large", "request body is too large")
-	errInternal        = apiErr(http.StatusInternalServerError, "internal", "internal error; see the server log with this request id")
-	errUnavailable     = apiErr(http.StatusServiceUnavailable, "unavailable", "the server is at capacity or shutting down; retry later")
+	errUnauthenticated  = errdefs.New(errdefs.ErrUnauthenticated, "missing, unknown or revoked bearer token")
+	errNotFound         = errdefs.NotFound("no such session")
+	errTooLarge         = errdefs.New(errdefs.ErrTooLarge, "request body is too large")
+	errInvalidSessionID = errdefs.Invalid("sessionId: 1-128 characters of letters, digits, '.', '_' or '-', starting with a letter or digit").
+				WithCode("invalid_session_id")
 )
 
-func forbidden(perm string) *APIError {
-	return apiErr(http.StatusForbidden, "forbidden", "your role lacks the %s permission", perm)
-}
+func badRequest(format string, args ...any) error { return errdefs.Invalid(format, args...) }
 
-func forbiddenMsg(msg string) *APIError {
-	return apiErr(http.StatusForbidden, "forbidden", "%s", msg)
-}
-
-func conflict(format string, args ...any) *APIError {
-	return apiErr(http.StatusConflict, "conflict", format, args...)
+func forbidden(perm string) error {
+	return errdefs.Forbidden("your role lacks the %s permission", perm)
 }
 
 type errorBody struct {
@@ -54,18 +70,20 @@ type errorBody struct {
 	} `json:"error"`
 }
 
-// writeError maps any error to the contract's error body. Unknown errors are
-// logged server-side and answered with a generic 500.
+// writeError answers err as the contract's error body. Errors without a
+// public class are logged with the request id and answered with a generic
+// 500; a public error's cause is logged too.
 func (s *Server) writeError(c *gin.Context, err error) {
-	var ae *APIError
-	if !errors.As(err, &ae) {
+	status, code, msg := statusOf(err)
+	if pe, ok := errdefs.Public(err); !ok {
 		s.log.Error("request failed", "requestId", requestID(c), "path", c.FullPath(), "err", err)
-		ae = errInternal
+	} else if pe.Cause() != nil {
+		s.log.Warn("request failed", "requestId", requestID(c), "path", c.FullPath(), "code", code, "err", pe.Cause())
 	}
 	var body errorBody
-	body.Error.Code = ae.Code
-	body.Error.Message = ae.Message
+	body.Error.Code = code
+	body.Error.Message = msg
 	body.Error.RequestID = requestID(c)
-	c.Set(ctxOutcomeErr, ae.Code)
-	c.AbortWithStatusJSON(ae.Status, body)
+	c.Set(ctxOutcomeErr, code)
+	c.AbortWithStatusJSON(status, body)
 }

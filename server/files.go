@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"sandboxd/runsc"
+	"sandboxd/server/errdefs"
 	"sandboxd/store"
 	"sandboxd/streams/scrub"
 )
@@ -117,17 +118,17 @@ func (s *Server) withWorkspace(c *gin.Context, write bool, fn func(ses *store.Se
 		end, _ := s.sb.begin(cur.ID, 0)
 		defer end()
 	case write:
-		s.writeError(c, conflict("session is %s; files can be written only in a running session", cur.Status))
+		s.writeError(c, errdefs.Conflict("session is %s; files can be written only in a running session", cur.Status))
 		return
 	case cur.Status == store.StatusStopped || cur.Status == store.StatusFailed:
 		m, ok := s.rt.(workspaceMounter)
 		if !ok {
-			s.writeError(c, conflict("session is %s; this runtime cannot read saved workspaces", cur.Status))
+			s.writeError(c, errdefs.Conflict("session is %s; this runtime cannot read saved workspaces", cur.Status))
 			return
 		}
 		d, release, err := m.MountWorkspaceReadOnly(cur.ContainerID)
 		if errors.Is(err, runsc.ErrNoDisk) {
-			s.writeError(c, apiErr(http.StatusNotFound, "not_found", "the session has no saved workspace"))
+			s.writeError(c, errdefs.NotFound("the session has no saved workspace"))
 			return
 		}
 		if err != nil {
@@ -141,7 +142,7 @@ func (s *Server) withWorkspace(c *gin.Context, write bool, fn func(ses *store.Se
 		}()
 		dir = d
 	default:
-		s.writeError(c, conflict("session is %s; files are available while it runs and after teardown", cur.Status))
+		s.writeError(c, errdefs.Conflict("session is %s; files are available while it runs and after teardown", cur.Status))
 		return
 	}
 	wsfd, err := openWorkspaceDir(dir)
@@ -362,7 +363,7 @@ func (s *Server) putFile(c *gin.Context) {
 			s.writeError(c, fsError(err))
 			return
 		case st.Mode&unix.S_IFMT == unix.S_IFDIR:
-			s.writeError(c, conflict("path: is a directory"))
+			s.writeError(c, errdefs.Conflict("path: is a directory"))
 			return
 		case st.Mode&unix.S_IFMT == unix.S_IFLNK:
 			s.writeError(c, invalidPath("path: is a symbolic link; symlinks are never followed or replaced"))
@@ -674,7 +675,7 @@ func (s *Server) getArtifact(c *gin.Context) {
 		case unix.S_IFREG:
 			s.sendFile(c, f, path.Base("/"+rel), set)
 		case unix.S_IFDIR:
-			s.writeError(c, apiErr(http.StatusNotFound, "not_found", "not a file; artifacts are regular files"))
+			s.writeError(c, errdefs.NotFound("not a file; artifacts are regular files"))
 		default:
 			s.writeError(c, invalidPath("path: not a regular file"))
 		}

@@ -32,7 +32,8 @@ func TestWorkspaceRel(t *testing.T) {
 		"/workspace/" + longName() + "x", "/workspace/" + strings.Repeat("a/", 2100),
 		"/../workspace/a", "//workspace/a",
 	} {
-		if got, err := workspaceRel(p); err == nil || err.Code != "invalid_path" || err.Status != http.StatusBadRequest {
+		got, err := workspaceRel(p)
+		if status, code, _ := statusOf(err); err == nil || code != "invalid_path" || status != http.StatusBadRequest {
 			t.Errorf("workspaceRel(%q) = %q, %v; want invalid_path", p, got, err)
 		}
 	}

@@ -3,7 +3,6 @@ package server
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"os"
 	"strconv"
 	"strings"
@@ -13,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"sandboxd/runsc"
+	"sandboxd/server/errdefs"
 	"sandboxd/store"
 )
 
@@ -162,17 +162,17 @@ func (m *manager) sessionMutex(pk string) *sync.Mutex {
 // reserve takes capacity for a new sandbox: a slot on the server and in
 // its organization, and its size's memory. It fails with 503 when any is
 // used up.
-func (m *manager) reserve(org string, memMiB int) *APIError {
+func (m *manager) reserve(org string, memMiB int) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	lim := m.s.cfg.Limits
 	switch {
 	case m.live >= lim.MaxSandboxes:
-		return apiErr(http.StatusServiceUnavailable, "unavailable", "this server runs its maximum of %d sandboxes; retry later", lim.MaxSandboxes)
+		return errdefs.Unavailable("this server runs its maximum of %d sandboxes; retry later", lim.MaxSandboxes)
 	case m.perOrg[org] >= lim.MaxSandboxesPerOrg:
-		return apiErr(http.StatusServiceUnavailable, "unavailable", "your organization runs its maximum of %d sandboxes; tear one down first", lim.MaxSandboxesPerOrg)
+		return errdefs.Unavailable("your organization runs its maximum of %d sandboxes; tear one down first", lim.MaxSandboxesPerOrg)
 	case m.memUsed+memMiB > m.memMax:
-		return apiErr(http.StatusServiceUnavailable, "unavailable", "not enough memory left on this server for this size (%d MiB free); try a smaller size or later", max(m.memMax-m.memUsed, 0))
+		return errdefs.Unavailable("not enough memory left on this server for this size (%d MiB free); try a smaller size or later", max(m.memMax-m.memUsed, 0))
 	}
 	m.live++
 	m.perOrg[org]++
@@ -269,12 +269,12 @@ func (m *manager) start(ses *store.Session, size Size, resumed bool) error {
 			if serr := m.setStatus(context.Background(), ses, store.StatusStopped, ses.StatusReason); serr != nil {
 				m.s.log.Error("undo resume", "session", ses.SessionID, "err", serr)
 			}
-			return apiErr(http.StatusServiceUnavailable, "unavailable", "the sandbox could not be started; the session is stopped with its workspace kept, retry the resume")
+			return errdefs.Unavailable("the sandbox could not be started; the session is stopped with its workspace kept, retry the resume")
 		}
 		if derr := m.s.db.DeleteSessionRow(context.Background(), ses.ID); derr != nil {
 			m.s.log.Error("undo session row", "session", ses.SessionID, "err", derr)
 		}
-		return apiErr(http.StatusServiceUnavailable, "unavailable", "the sandbox could not be started; nothing was kept, retry with the same sessionId")
+		return errdefs.Unavailable("the sandbox could not be started; nothing was kept, retry with the same sessionId")
 	}
 	if err := m.s.rt.Create(cctx, sb); err != nil {
 		return fail(err) // Create undid itself (keeping a teardown's disk)
@@ -324,7 +324,7 @@ func (m *manager) teardown(ctx context.Context, ses *store.Session) (teardownRes
 		return res, nil
 	case store.StatusRunning, store.StatusFailed, store.StatusStopping:
 	default:
-		return res, conflict("session is %s; only a running or failed session can be torn down", ses.Status)
+		return res, errdefs.Conflict("session is %s; only a running or failed session can be torn down", ses.Status)
 	}
 	if ses.Status != store.StatusStopping {
 		wasLive := ses.Status == store.StatusRunning
@@ -341,7 +341,7 @@ func (m *manager) teardown(ctx context.Context, ses *store.Session) (teardownRes
 	res.WorkspaceBytes = dirBytes(m.s.rt.WorkspaceDir(ses.ContainerID))
 	if err := m.s.rt.Destroy(context.Background(), ses.ContainerID, true); err != nil {
 		m.s.log.Error("teardown", "session", ses.SessionID, "err", err)
-		return res, apiErr(http.StatusServiceUnavailable, "unavailable", "the sandbox could not be stopped completely; retry the teardown")
+		return res, errdefs.Unavailable("the sandbox could not be stopped completely; retry the teardown")
 	}
 	reason := ses.StatusReason
 	m.s.event(ses, "stopped", map[string]any{"workspaceBytes": res.WorkspaceBytes})
@@ -352,7 +352,7 @@ func (m *manager) teardown(ctx context.Context, ses *store.Session) (teardownRes
 // (status deleted) so the session id is never reused.
 func (m *manager) remove(ctx context.Context, ses *store.Session) error {
 	if ses.Status == store.StatusProvisioning {
-		return conflict("session is still provisioning")
+		return errdefs.Conflict("session is still provisioning")
 	}
 	m.s.closeProcesses(ses.ID)
 	m.s.stopKernelLog(ses.ID)
@@ -361,7 +361,7 @@ func (m *manager) remove(ctx context.Context, ses *store.Session) error {
 	}
 	if err := m.s.rt.Destroy(context.Background(), ses.ContainerID, false); err != nil {
 		m.s.log.Error("delete", "session", ses.SessionID, "err", err)
-		return apiErr(http.StatusServiceUnavailable, "unavailable", "the sandbox could not be removed completely; retry the delete")
+		return errdefs.Unavailable("the sandbox could not be removed completely; retry the delete")
 	}
 	if ses.Status == store.StatusRunning || ses.Status == store.StatusStopping {
 		if ses.Status == store.StatusRunning {

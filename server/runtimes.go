@@ -19,6 +19,7 @@ import (
 	"sandboxd/runsc"
 	"sandboxd/runsc/agent"
 	"sandboxd/runsc/kernel"
+	"sandboxd/server/errdefs"
 	"sandboxd/store"
 )
 
@@ -88,7 +89,7 @@ func (s *Server) runCode(lang string) gin.HandlerFunc {
 		}
 		auditDetail(c, "contextId", req.ContextID)
 		if ses.Status != store.StatusRunning {
-			s.writeError(c, conflict("session is %s; code runs only in a running session", ses.Status))
+			s.writeError(c, errdefs.Conflict("session is %s; code runs only in a running session", ses.Status))
 			return
 		}
 		secrets, err := s.db.Secrets(c.Request.Context(), ses.ID)
@@ -98,7 +99,7 @@ func (s *Server) runCode(lang string) gin.HandlerFunc {
 		}
 		end, ok := s.sb.begin(ses.ID, s.cfg.Limits.MaxExecsPerSession)
 		if !ok {
-			s.writeError(c, apiErr(http.StatusTooManyRequests, "rate_limited", "at most %d commands run at once in a session; retry when one ends", s.cfg.Limits.MaxExecsPerSession))
+			s.writeError(c, errdefs.RateLimited("at most %d commands run at once in a session; retry when one ends", s.cfg.Limits.MaxExecsPerSession))
 			return
 		}
 		defer end()
@@ -120,7 +121,7 @@ func (s *Server) runCode(lang string) gin.HandlerFunc {
 				s.kernels.drop(k)
 				s.log.Warn("start code context", "session", ses.SessionID, "runtime", lang, "err", err)
 				s.noteDead(ses)
-				s.writeError(c, conflict("the %s context could not start: %s", lang, agentMessage(err)))
+				s.writeError(c, errdefs.Conflict("the %s context could not start: %s", lang, agentMessage(err)))
 				return
 			}
 		}
@@ -201,7 +202,7 @@ type kernelProc struct {
 // acquire returns key's context with its slot held, making room for a new
 // one by ending the session's least recently used idle context. It waits
 // for a busy context until wait passes or ctx ends.
-func (ks *kernels) acquire(ctx context.Context, key kernelKey, wait time.Duration) (*kernelProc, *APIError) {
+func (ks *kernels) acquire(ctx context.Context, key kernelKey, wait time.Duration) (*kernelProc, error) {
 	ks.mu.Lock()
 	k := ks.m[key]
 	if k == nil {
@@ -219,7 +220,7 @@ func (ks *kernels) acquire(ctx context.Context, key kernelKey, wait time.Duratio
 		if n >= maxContextsPerSession {
 			if idle == nil {
 				ks.mu.Unlock()
-				return nil, apiErr(http.StatusTooManyRequests, "rate_limited", "at most %d code contexts per session, all busy; retry when a run ends", maxContextsPerSession)
+				return nil, errdefs.RateLimited("at most %d code contexts per session, all busy; retry when a run ends", maxContextsPerSession)
 			}
 			delete(ks.m, idle.key)
 			go idle.kill()
@@ -237,13 +238,13 @@ func (ks *kernels) acquire(ctx context.Context, key kernelKey, wait time.Duratio
 	select {
 	case k.slot <- struct{}{}:
 	case <-ctx.Done():
-		return nil, apiErr(http.StatusServiceUnavailable, "unavailable", "the request ended while waiting for the context")
+		return nil, errdefs.Unavailable("the request ended while waiting for the context")
 	case <-t.C:
-		return nil, apiErr(http.StatusTooManyRequests, "rate_limited", "context %q is busy with another run; retry when it ends", key.contextID)
+		return nil, errdefs.RateLimited("context %q is busy with another run; retry when it ends", key.contextID)
 	}
 	if ctx.Err() != nil { // the client left while the slot was taken
 		<-k.slot
-		return nil, apiErr(http.StatusServiceUnavailable, "unavailable", "the request ended while waiting for the context")
+		return nil, errdefs.Unavailable("the request ended while waiting for the context")
 	}
 	return k, nil
 }

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"sandboxd/runsc"
+	"sandboxd/server/errdefs"
 	"sandboxd/store"
 	"sandboxd/streams/scrub"
 )
@@ -29,26 +30,26 @@ type provisionRequest struct {
 	IdleTimeoutSeconds *int              `json:"idleTimeoutSeconds"`
 }
 
-func (s *Server) validateProvision(req *provisionRequest) (Size, *APIError) {
+func (s *Server) validateProvision(req *provisionRequest) (Size, error) {
 	if req.SessionID == "" {
-		return Size{}, apiErr(http.StatusBadRequest, "invalid_session_id", "sessionId: required")
+		return Size{}, errdefs.Invalid("sessionId: required").WithCode("invalid_session_id")
 	}
 	if !validSessionID(req.SessionID) {
-		return Size{}, apiErr(http.StatusBadRequest, "invalid_session_id", "sessionId: 1-128 characters of letters, digits, '.', '_' or '-', starting with a letter or digit")
+		return Size{}, errInvalidSessionID
 	}
 	size, ok := s.cfg.Sizes.Resolve(req.Size)
 	if !ok {
-		return Size{}, apiErr(http.StatusBadRequest, "invalid_size", "size: must be one of %s", strings.Join(s.cfg.Sizes.Names(), ", "))
+		return Size{}, errdefs.Invalid("size: must be one of %s", strings.Join(s.cfg.Sizes.Names(), ", ")).WithCode("invalid_size")
 	}
 	if req.GitRepo != "" && !validRepo(req.GitRepo) {
-		return Size{}, apiErr(http.StatusBadRequest, "invalid_repo", "gitRepo: must be owner/name (owner: 1-39 of letters, digits, '-'; name: 1-100 of letters, digits, '.', '_', '-')")
+		return Size{}, errdefs.Invalid("gitRepo: must be owner/name (owner: 1-39 of letters, digits, '-'; name: 1-100 of letters, digits, '.', '_', '-')").WithCode("invalid_repo")
 	}
 	if req.GitBranch != "" {
 		if req.GitRepo == "" {
-			return Size{}, apiErr(http.StatusBadRequest, "invalid_branch", "gitBranch: needs gitRepo")
+			return Size{}, errdefs.Invalid("gitBranch: needs gitRepo").WithCode("invalid_branch")
 		}
 		if !validBranch(req.GitBranch) {
-			return Size{}, apiErr(http.StatusBadRequest, "invalid_branch", "gitBranch: not a valid git branch name")
+			return Size{}, errdefs.Invalid("gitBranch: not a valid git branch name").WithCode("invalid_branch")
 		}
 	}
 	if e := checkEnv("env", req.Env); e != nil {
@@ -91,7 +92,7 @@ func (s *Server) provision(c *gin.Context) {
 	}
 	if req.GitRepo != "" {
 		// Cloning uses the caller's connected GitHub credential; none is connected.
-		s.writeError(c, apiErr(http.StatusPreconditionFailed, "github_not_connected", "gitRepo needs a connected GitHub credential (PUT /v1/me/github); nothing was provisioned"))
+		s.writeError(c, errdefs.New(errdefs.ErrPrecondition, "gitRepo needs a connected GitHub credential (PUT /v1/me/github); nothing was provisioned").WithCode("github_not_connected"))
 		return
 	}
 	project := req.ProjectID
@@ -130,7 +131,7 @@ func (s *Server) provision(c *gin.Context) {
 	if err := s.db.InsertSession(c.Request.Context(), ses); err != nil {
 		s.sb.release(p.Org.ID, size.MemoryMiB)
 		if errors.Is(err, store.ErrConflict) {
-			s.writeError(c, conflict("sessionId %q was already used in this organization; a fresh start is a new session id", req.SessionID))
+			s.writeError(c, errdefs.Conflict("sessionId %q was already used in this organization; a fresh start is a new session id", req.SessionID))
 			return
 		}
 		s.writeError(c, err)
@@ -159,14 +160,14 @@ func (s *Server) provision(c *gin.Context) {
 
 // checkDisk refuses a provision when the data dir's file system is nearly
 // full (sandbox disks are sparse and grow as they are written).
-func (s *Server) checkDisk() *APIError {
+func (s *Server) checkDisk() error {
 	var st unix.Statfs_t
 	if err := unix.Statfs(s.cfg.DataDir, &st); err != nil {
 		return nil
 	}
 	freeMiB := int64(st.Bavail) * int64(st.Bsize) >> 20
 	if freeMiB < int64(s.cfg.Limits.MinFreeDiskMiB) {
-		return apiErr(http.StatusServiceUnavailable, "unavailable", "the server is low on disk space; retry later")
+		return errdefs.Unavailable("the server is low on disk space; retry later")
 	}
 	return nil
 }
@@ -176,7 +177,7 @@ func (s *Server) checkDisk() *APIError {
 func (s *Server) sessionFor(c *gin.Context) (*store.Session, bool) {
 	id := c.Param("sessionId")
 	if !validSessionID(id) {
-		s.writeError(c, apiErr(http.StatusBadRequest, "invalid_session_id", "sessionId: 1-128 characters of letters, digits, '.', '_' or '-', starting with a letter or digit"))
+		s.writeError(c, errInvalidSessionID)
 		return nil, false
 	}
 	ses, err := s.db.GetSession(c.Request.Context(), principal(c).Org.ID, id)
@@ -259,7 +260,7 @@ func (s *Server) resume(c *gin.Context) {
 		}
 	case store.StatusStopped:
 	default:
-		s.writeError(c, conflict("session is %s; only a stopped or failed session can be resumed", cur.Status))
+		s.writeError(c, errdefs.Conflict("session is %s; only a stopped or failed session can be resumed", cur.Status))
 		return
 	}
 	if err := s.checkDisk(); err != nil {
@@ -348,7 +349,7 @@ const maxCommandBytes = 256 * 1024
 
 // timeout checks a request's timeoutMs (1 to limits.execMaxTimeoutMs) and
 // returns it, or def when it is absent.
-func (s *Server) timeout(ms *int64, def time.Duration) (time.Duration, *APIError) {
+func (s *Server) timeout(ms *int64, def time.Duration) (time.Duration, error) {
 	if ms == nil {
 		return def, nil
 	}
@@ -400,7 +401,7 @@ func (s *Server) terminal(c *gin.Context) {
 		return
 	}
 	if ses.Status != store.StatusRunning {
-		s.writeError(c, conflict("session is %s; commands run only in a running session", ses.Status))
+		s.writeError(c, errdefs.Conflict("session is %s; commands run only in a running session", ses.Status))
 		return
 	}
 	secrets, err := s.db.Secrets(c.Request.Context(), ses.ID)
@@ -428,7 +429,7 @@ func (s *Server) terminal(c *gin.Context) {
 	s.event(ses, "process_start", map[string]any{"command": clip(string(set.Redact([]byte(req.Command))), 256), "cwd": req.Cwd})
 	end, ok := s.sb.begin(ses.ID, s.cfg.Limits.MaxExecsPerSession)
 	if !ok {
-		s.writeError(c, apiErr(http.StatusTooManyRequests, "rate_limited", "at most %d commands run at once in a session; retry when one ends", s.cfg.Limits.MaxExecsPerSession))
+		s.writeError(c, errdefs.RateLimited("at most %d commands run at once in a session; retry when one ends", s.cfg.Limits.MaxExecsPerSession))
 		return
 	}
 	res, err := s.rt.Exec(c.Request.Context(), ses.ContainerID, xr)
@@ -449,14 +450,14 @@ func (s *Server) terminal(c *gin.Context) {
 		case errors.Is(err, runsc.ErrBadCwd):
 			s.writeError(c, badRequest("cwd: does not exist or is not accessible to the sandbox user"))
 		case errors.Is(err, runsc.ErrTooManyProcesses):
-			s.writeError(c, conflict("the command could not start: the sandbox is at its process limit (send {\"action\": \"kill\"} to stop its processes) or cwd is not accessible"))
+			s.writeError(c, errdefs.Conflict("the command could not start: the sandbox is at its process limit (send {\"action\": \"kill\"} to stop its processes) or cwd is not accessible"))
 		case errors.Is(err, runsc.ErrNotRunning):
 			s.noteDead(ses)
-			s.writeError(c, conflict("the sandbox is not running any more"))
+			s.writeError(c, errdefs.Conflict("the sandbox is not running any more"))
 		default:
 			// A teardown may have raced the command.
 			if cur, gerr := s.db.GetSessionByID(context.Background(), ses.ID); gerr == nil && cur.Status != store.StatusRunning {
-				s.writeError(c, conflict("the sandbox is not running any more"))
+				s.writeError(c, errdefs.Conflict("the sandbox is not running any more"))
 				return
 			}
 			s.writeError(c, err)
@@ -493,13 +494,13 @@ func (s *Server) killAll(c *gin.Context, ses *store.Session, req *execRequest) {
 		return
 	}
 	if ses.Status != store.StatusRunning {
-		s.writeError(c, conflict("session is %s; only a running session has processes", ses.Status))
+		s.writeError(c, errdefs.Conflict("session is %s; only a running session has processes", ses.Status))
 		return
 	}
 	if err := s.rt.KillAll(c.Request.Context(), ses.ContainerID); err != nil {
 		if errors.Is(err, runsc.ErrNotRunning) {
 			s.noteDead(ses)
-			s.writeError(c, conflict("the sandbox is not running any more"))
+			s.writeError(c, errdefs.Conflict("the sandbox is not running any more"))
 			return
 		}
 		s.writeError(c, err)

@@ -157,16 +157,17 @@ func TestCheckEnv(t *testing.T) {
 			t.Errorf("checkEnv(%q) = nil, want error", c.env)
 			continue
 		}
-		if e.Status != 400 || e.Code != "invalid_request" {
-			t.Errorf("checkEnv: status/code = %d/%s, want 400/invalid_request", e.Status, e.Code)
+		status, code, msg := statusOf(e)
+		if status != 400 || code != "invalid_request" {
+			t.Errorf("checkEnv: status/code = %d/%s, want 400/invalid_request", status, code)
 		}
-		if !strings.HasPrefix(e.Message, "secrets: ") || !strings.Contains(e.Message, c.want) {
-			t.Errorf("checkEnv message = %q, want prefix %q and %q", e.Message, "secrets: ", c.want)
+		if !strings.HasPrefix(msg, "secrets: ") || !strings.Contains(msg, c.want) {
+			t.Errorf("checkEnv message = %q, want prefix %q and %q", msg, "secrets: ", c.want)
 		}
 		// Values never appear in messages.
 		for _, v := range c.env {
-			if len(v) > 3 && strings.Contains(e.Message, v) {
-				t.Errorf("checkEnv message leaks the value: %q", e.Message)
+			if len(v) > 3 && strings.Contains(msg, v) {
+				t.Errorf("checkEnv message leaks the value: %q", msg)
 			}
 		}
 	}
@@ -174,7 +175,7 @@ func TestCheckEnv(t *testing.T) {
 	for i := range 257 {
 		many[fmt.Sprintf("V%d", i)] = "x"
 	}
-	if e := checkEnv("env", many); e == nil || !strings.Contains(e.Message, "at most 256") {
+	if e := checkEnv("env", many); e == nil || !strings.Contains(e.Error(), "at most 256") {
 		t.Errorf("checkEnv(257 vars) = %v, want 'at most 256'", e)
 	}
 	delete(many, "V0")

@@ -46,7 +46,7 @@ func validBranch(s string) bool {
 var reservedEnv = map[string]bool{"HOME": true, "USER": true, "LOGNAME": true, "SHELL": true}
 
 // checkEnv validates an env map; field names the JSON field for messages.
-func checkEnv(field string, env map[string]string) *APIError {
+func checkEnv(field string, env map[string]string) error {
 	if len(env) > 256 {
 		return badRequest("%s: at most 256 variables", field)
 	}

@@ -16,6 +16,7 @@ import (
 
 	"sandboxd/runsc"
 	"sandboxd/runsc/agent"
+	"sandboxd/server/errdefs"
 	"sandboxd/store"
 	"sandboxd/streams"
 	"sandboxd/streams/scrub"
@@ -158,7 +159,7 @@ func (s *Server) wsSession(c *gin.Context) (*store.Session, bool) {
 		return nil, false
 	}
 	if !s.originAllowed(c.Request) {
-		s.writeError(c, forbiddenMsg("cross-origin WebSocket refused"))
+		s.writeError(c, errdefs.Forbidden("cross-origin WebSocket refused"))
 		return nil, false
 	}
 	return ses, true
@@ -171,7 +172,7 @@ func (s *Server) terminalWS(c *gin.Context) {
 		return
 	}
 	if ses.Status != store.StatusRunning {
-		s.writeError(c, conflict("session is %s; terminals need a running session", ses.Status))
+		s.writeError(c, errdefs.Conflict("session is %s; terminals need a running session", ses.Status))
 		return
 	}
 	if strings.Contains(c.Request.URL.RawQuery, ";") {
@@ -190,18 +191,18 @@ func (s *Server) terminalWS(c *gin.Context) {
 	var term *terminal
 	if termID != "" {
 		if term = s.terms.get(termID); term == nil || term.sessionPK != ses.ID {
-			s.writeError(c, apiErr(http.StatusNotFound, "not_found", "no such terminal"))
+			s.writeError(c, errdefs.NotFound("no such terminal"))
 			return
 		}
 	} else if tty && s.terms.count(ses.ID) >= maxTerminalsPerSession {
-		s.writeError(c, apiErr(http.StatusTooManyRequests, "rate_limited", "at most %d terminals per session", maxTerminalsPerSession))
+		s.writeError(c, errdefs.RateLimited("at most %d terminals per session", maxTerminalsPerSession))
 		return
 	}
 	var endExec func()
 	if !tty { // an exec stream counts as a running command
 		var ok bool
 		if endExec, ok = s.sb.begin(ses.ID, s.cfg.Limits.MaxExecsPerSession); !ok {
-			s.writeError(c, apiErr(http.StatusTooManyRequests, "rate_limited", "at most %d commands run at once in a session", s.cfg.Limits.MaxExecsPerSession))
+			s.writeError(c, errdefs.RateLimited("at most %d commands run at once in a session", s.cfg.Limits.MaxExecsPerSession))
 			return
 		}
 		defer endExec()
@@ -509,7 +510,7 @@ func (s *Server) killTerminal(c *gin.Context) {
 	}
 	t := s.terms.get(c.Param("terminalId"))
 	if t == nil || t.sessionPK != ses.ID {
-		s.writeError(c, apiErr(http.StatusNotFound, "not_found", "no such terminal"))
+		s.writeError(c, errdefs.NotFound("no such terminal"))
 		return
 	}
 	s.terms.remove(t)

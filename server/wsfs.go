@@ -18,13 +18,14 @@ package server
 import (
 	"errors"
 	"fmt"
-	"net/http"
 	"os"
 	"path"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
+
+	"sandboxd/server/errdefs"
 
 	"golang.org/x/sys/unix"
 )
@@ -37,19 +38,19 @@ const (
 	maxNameBytes   = 255
 )
 
-func invalidPath(format string, args ...any) *APIError {
-	return apiErr(http.StatusBadRequest, "invalid_path", format, args...)
+func invalidPath(format string, args ...any) error {
+	return errdefs.Invalid(format, args...).WithCode("invalid_path")
 }
 
 var (
-	errNoSuchFile = apiErr(http.StatusNotFound, "not_found", "no such file or directory in the workspace")
-	errDiskFull   = apiErr(http.StatusInsufficientStorage, "insufficient_storage", "the sandbox's disk is full (ENOSPC); free space in the sandbox or use a larger size")
+	errNoSuchFile = errdefs.NotFound("no such file or directory in the workspace")
+	errDiskFull   = errdefs.New(errdefs.ErrNoSpace, "the sandbox's disk is full (ENOSPC); free space in the sandbox or use a larger size")
 )
 
 // workspaceRel checks a client's path (in the sandbox's view: absolute,
 // /workspace or below, normalized, no NUL) and returns it relative to the
 // workspace, "" for /workspace itself. A single trailing slash is allowed.
-func workspaceRel(p string) (string, *APIError) {
+func workspaceRel(p string) (string, error) {
 	if p == "" {
 		return "", invalidPath("path: required, an absolute path in /workspace")
 	}
@@ -186,11 +187,11 @@ func fsError(err error) error {
 	case unix.ENOSPC, unix.EDQUOT:
 		return errDiskFull
 	case unix.EISDIR:
-		return conflict("path: is a directory")
+		return errdefs.Conflict("path: is a directory")
 	case unix.ENOTEMPTY, unix.EEXIST:
-		return conflict("path: the directory is not empty; DELETE with ?recursive=true removes a tree")
+		return errdefs.Conflict("path: the directory is not empty; DELETE with ?recursive=true removes a tree")
 	case unix.EROFS:
-		return conflict("the workspace is read-only now")
+		return errdefs.Conflict("the workspace is read-only now")
 	}
 	return err
 }
@@ -279,7 +280,7 @@ func mkdirs(wsfd int, rel string, uid, gid int) (int, error) {
 		closeCur()
 		if err != nil {
 			if errors.Is(err, unix.ENOTDIR) {
-				return -1, conflict("path: a parent is not a directory")
+				return -1, errdefs.Conflict("path: a parent is not a directory")
 			}
 			return -1, err
 		}
@@ -293,11 +294,11 @@ func mkdirs(wsfd int, rel string, uid, gid int) (int, error) {
 // the deadline.
 func removeTree(parent int, name string, depth int, deadline time.Time) error {
 	if depth > maxDeleteDepth {
-		return conflict("the tree is deeper than %d levels; remove it with a command in the sandbox", maxDeleteDepth)
+		return errdefs.Conflict("the tree is deeper than %d levels; remove it with a command in the sandbox", maxDeleteDepth)
 	}
 	for attempt := 0; ; attempt++ {
 		if time.Now().After(deadline) {
-			return apiErr(http.StatusServiceUnavailable, "unavailable", "the tree could not be removed in time; part of it may be gone, retry or use a command in the sandbox")
+			return errdefs.Unavailable("the tree could not be removed in time; part of it may be gone, retry or use a command in the sandbox")
 		}
 		fd, err := openDir(parent, name)
 		if err != nil {
@@ -324,7 +325,7 @@ func removeEntries(fd, depth int, deadline time.Time) error {
 		}
 		for _, n := range names {
 			if time.Now().After(deadline) {
-				return apiErr(http.StatusServiceUnavailable, "unavailable", "the tree could not be removed in time; part of it may be gone, retry or use a command in the sandbox")
+				return errdefs.Unavailable("the tree could not be removed in time; part of it may be gone, retry or use a command in the sandbox")
 			}
 			var st unix.Stat_t
 			if err := unix.Fstatat(fd, n, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
