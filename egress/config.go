@@ -2,7 +2,6 @@ package egress
 
 import (
 	"bytes"
-	_ "embed"
 	"errors"
 	"fmt"
 	"io"
@@ -58,24 +57,6 @@ const (
 	defaultIdleTimeout   = 5 * time.Minute
 	defaultHeaderTimeout = 10 * time.Second
 )
-
-// defaultYAML is a byte-identical copy of configs/egress.yaml (this leaf
-// package may not import configs; TestDefaultConfigMatchesConfigs fails on
-// drift).
-//
-//go:embed egress.yaml
-var defaultYAML []byte
-
-// DefaultConfig returns the built-in configuration (configs/egress.yaml),
-// validated and with defaults filled in. It panics if the embedded file is
-// invalid, which a test rules out.
-func DefaultConfig() *Config {
-	c, err := LoadConfig(defaultYAML)
-	if err != nil {
-		panic("egress: built-in egress.yaml: " + err.Error())
-	}
-	return c
-}
 
 // LoadConfig decodes one YAML document strictly (unknown keys are errors),
 // fills zero durations with defaults and validates it. Errors name the

@@ -47,7 +47,7 @@ func (s *Server) createToken(c *gin.Context) {
 		s.writeError(c, err)
 		return
 	}
-	if err := ValidName(req.Name); err != nil {
+	if err := store.ValidName(req.Name); err != nil {
 		s.writeError(c, badRequest("name: %v", err))
 		return
 	}
@@ -126,7 +126,7 @@ func (s *Server) addMember(c *gin.Context) {
 		s.writeError(c, err)
 		return
 	}
-	if err := ValidName(req.Name); err != nil {
+	if err := store.ValidName(req.Name); err != nil {
 		s.writeError(c, badRequest("name: %v", err))
 		return
 	}

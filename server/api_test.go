@@ -23,6 +23,7 @@ import (
 
 	"sandboxd/runsc"
 	"sandboxd/runsc/agent"
+	"sandboxd/server/config"
 	"sandboxd/store"
 )
 
@@ -159,10 +160,10 @@ type apiEnv struct {
 	token string // the owner's
 }
 
-func newAPIEnv(t *testing.T, tweak ...func(*Config)) *apiEnv {
+func newAPIEnv(t *testing.T, tweak ...func(*config.Config)) *apiEnv {
 	t.Helper()
 	clearConfigEnv(t)
-	cfg, err := LoadConfig(Overrides{DataDir: t.TempDir()})
+	cfg, err := config.Load(config.Overrides{DataDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,9 +174,9 @@ func newAPIEnv(t *testing.T, tweak ...func(*Config)) *apiEnv {
 }
 
 // newAPIEnvWith is newAPIEnv for a config and logger the test made.
-func newAPIEnvWith(t *testing.T, cfg *Config, log *slog.Logger) *apiEnv {
+func newAPIEnvWith(t *testing.T, cfg *config.Config, log *slog.Logger) *apiEnv {
 	t.Helper()
-	db, err := store.Open(DBPath(t.TempDir()))
+	db, err := store.Open(config.DBPath(t.TempDir()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -587,7 +588,7 @@ func TestAPIProvisionConflict(t *testing.T) {
 }
 
 func TestAPIProvisionCreateFailure(t *testing.T) {
-	e := newAPIEnv(t, func(c *Config) { c.Limits.MaxSandboxes = 1 })
+	e := newAPIEnv(t, func(c *config.Config) { c.Limits.MaxSandboxes = 1 })
 	e.rt.createErr = errors.New("runsc create: /var/lib/secret/path exploded")
 	body := map[string]any{"sessionId": "retry-1", "secrets": map[string]string{"TOKEN": "s3cr3t-value"}}
 	msg := apiError(t, e.do("POST", "/v1/sandbox", e.token, body), http.StatusServiceUnavailable, "unavailable")
@@ -650,7 +651,7 @@ func TestAPITeardownDuringFailedProvision(t *testing.T) {
 // A teardown whose Destroy fails leaves the session stopping; the retried
 // teardown must give the capacity slot back.
 func TestAPITeardownRetryReleasesCapacity(t *testing.T) {
-	e := newAPIEnv(t, func(c *Config) { c.Limits.MaxSandboxes = 1 })
+	e := newAPIEnv(t, func(c *config.Config) { c.Limits.MaxSandboxes = 1 })
 	e.provision(e.token, map[string]any{"sessionId": "td-1"})
 	e.rt.mu.Lock()
 	e.rt.destroyErr = errors.New("device busy")
@@ -805,7 +806,7 @@ func TestAPIExecValidation(t *testing.T) {
 }
 
 func TestAPIExecOutputCapped(t *testing.T) {
-	e := newAPIEnv(t, func(c *Config) { c.Limits.ExecOutputBytes = 1024 })
+	e := newAPIEnv(t, func(c *config.Config) { c.Limits.ExecOutputBytes = 1024 })
 	e.provision(e.token, map[string]any{"sessionId": "cap"})
 	e.rt.exec = func(req runsc.ExecRequest) (runsc.ExecResult, error) {
 		req.Stdout.Write(bytes.Repeat([]byte("o"), 1000))
@@ -1054,7 +1055,7 @@ func TestAPIAudit(t *testing.T) {
 }
 
 func TestAPITrustedProxy(t *testing.T) {
-	e := newAPIEnv(t, func(c *Config) { c.TrustedProxies = []string{"203.0.113.7"} })
+	e := newAPIEnv(t, func(c *config.Config) { c.TrustedProxies = []string{"203.0.113.7"} })
 	rec := e.do("GET", "/v1/sandbox", e.token, nil, withRemote("203.0.113.7:41000"), withHeader("X-Forwarded-For", "198.51.100.99"))
 	untrusted := e.do("GET", "/v1/sandbox", e.token, nil, withRemote("203.0.113.8:41000"), withHeader("X-Forwarded-For", "198.51.100.99"))
 	if err := e.db.FlushAudit(context.Background()); err != nil {
@@ -1206,4 +1207,20 @@ func TestMetricsEndpoint(t *testing.T) {
 	if strings.Contains(body, "m1") {
 		t.Error("metrics mention a session id")
 	}
+}
+
+// clearConfigEnv makes the test independent of the caller's environment.
+func clearConfigEnv(t *testing.T) {
+	for _, k := range config.EnvVars {
+		t.Setenv(k, "")
+	}
+}
+
+// writeTempFile writes content to a new file in a temporary directory.
+func writeTempFile(t *testing.T, name, content string) string {
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }

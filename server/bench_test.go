@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"sandboxd/server/config"
+
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 )
@@ -49,7 +51,7 @@ type rawRunsc struct {
 	bin, root, bundle string
 }
 
-func newRawRunsc(b *testing.B, cfg *Config, img string) *rawRunsc {
+func newRawRunsc(b *testing.B, cfg *config.Config, img string) *rawRunsc {
 	dir := b.TempDir()
 	r := &rawRunsc{bin: cfg.Runsc.Binary, root: filepath.Join(dir, "state"), bundle: filepath.Join(dir, "bundle")}
 	os.MkdirAll(r.root, 0o700)

@@ -23,6 +23,7 @@ import (
 
 	"sandboxd/runsc"
 	"sandboxd/runsc/image"
+	"sandboxd/server/config"
 	"sandboxd/store"
 )
 
@@ -41,7 +42,7 @@ func binDir(t testing.TB) string {
 
 // realConfig returns a config for a real server on a fresh data dir. It
 // skips in -short mode and when not root.
-func realConfig(t testing.TB) *Config {
+func realConfig(t testing.TB) *config.Config {
 	if testing.Short() {
 		t.Skip("real gVisor test (not in -short)")
 	}
@@ -49,7 +50,7 @@ func realConfig(t testing.TB) *Config {
 		t.Skip("real gVisor tests need root")
 	}
 	dir := t.TempDir()
-	cfg, err := LoadConfig(Overrides{DataDir: dir, Listen: "127.0.0.1:0"})
+	cfg, err := config.Load(config.Overrides{DataDir: dir, Listen: "127.0.0.1:0"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +59,7 @@ func realConfig(t testing.TB) *Config {
 	cfg.Runsc.Agent = filepath.Join(bin, "sandboxd-agent")
 	cfg.Image.AutoBuild = false
 	// A small size for disk and memory tests.
-	cfg.Sizes.List = append(cfg.Sizes.List, Size{Name: "test-tiny", VCPUs: 1, MemoryMiB: 512, DiskMiB: 256, Pids: 512, CreditsPerHour: 1})
+	cfg.Sizes.List = append(cfg.Sizes.List, config.Size{Name: "test-tiny", VCPUs: 1, MemoryMiB: 512, DiskMiB: 256, Pids: 512, CreditsPerHour: 1})
 	r, err := cfg.ImageRecipe()
 	if err != nil {
 		t.Fatal(err)
@@ -73,8 +74,8 @@ func realConfig(t testing.TB) *Config {
 // assertNoLeftovers destroys whatever the test left with the server's
 // prefix and fails if anything had to be collected that is not a sandbox
 // dir: netns, mounts, cgroups and runsc containers must all be gone.
-func assertNoLeftovers(t testing.TB, cfg *Config) {
-	rt, err := runsc.New(runsc.Config{Binary: cfg.Runsc.Binary, Agent: cfg.Runsc.Agent, StateDir: cfg.DataDir, Prefix: ResourcePrefix(cfg.DataDir)})
+func assertNoLeftovers(t testing.TB, cfg *config.Config) {
+	rt, err := runsc.New(runsc.Config{Binary: cfg.Runsc.Binary, Agent: cfg.Runsc.Agent, StateDir: cfg.DataDir, Prefix: config.ResourcePrefix(cfg.DataDir)})
 	if err != nil {
 		t.Error(err)
 		return
@@ -94,7 +95,7 @@ func assertNoLeftovers(t testing.TB, cfg *Config) {
 	}
 	// runsc keeps a "null-netns" mount in its state root.
 	unix.Unmount(filepath.Join(cfg.DataDir, "runsc", "null-netns"), unix.MNT_DETACH)
-	prefix := ResourcePrefix(cfg.DataDir)
+	prefix := config.ResourcePrefix(cfg.DataDir)
 	if ns, _ := filepath.Glob("/var/run/netns/" + prefix + "*"); len(ns) > 0 {
 		t.Errorf("netns left: %v", ns)
 	}
@@ -109,13 +110,13 @@ func assertNoLeftovers(t testing.TB, cfg *Config) {
 
 type harness struct {
 	t     testing.TB
-	cfg   *Config
+	cfg   *config.Config
 	s     *Server
 	ts    *httptest.Server
 	token string
 }
 
-func startServer(t testing.TB, cfg *Config) *harness {
+func startServer(t testing.TB, cfg *config.Config) *harness {
 	t.Helper()
 	s, err := New(context.Background(), cfg, io.Discard)
 	if err != nil {
@@ -555,7 +556,7 @@ func TestRealRestartKeepsSandbox(t *testing.T) {
 // get2 reads a session straight from the store (the HTTP server is closed).
 func (h *harness) get2(id string) store.Session {
 	h.t.Helper()
-	db, err := store.Open(DBPath(h.cfg.DataDir))
+	db, err := store.Open(config.DBPath(h.cfg.DataDir))
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -590,7 +591,7 @@ func TestRealFailedProvisionLeavesNothing(t *testing.T) {
 			if code, _ := h.call(h.token, "GET", "/v1/sandbox/fail1", nil); code != 404 {
 				t.Fatalf("row left: %d", code)
 			}
-			prefix := ResourcePrefix(cfg.DataDir)
+			prefix := config.ResourcePrefix(cfg.DataDir)
 			if ns, _ := filepath.Glob("/var/run/netns/" + prefix + "*"); len(ns) > 0 {
 				t.Fatalf("netns left: %v", ns)
 			}
@@ -631,7 +632,7 @@ func failingRunsc(t *testing.T, real, step string) string {
 func TestRealTwoServersSideBySide(t *testing.T) {
 	a := startServer(t, realConfig(t))
 	b := startServer(t, realConfig(t))
-	if ResourcePrefix(a.cfg.DataDir) == ResourcePrefix(b.cfg.DataDir) {
+	if config.ResourcePrefix(a.cfg.DataDir) == config.ResourcePrefix(b.cfg.DataDir) {
 		t.Fatal("same resource prefix for different data dirs")
 	}
 	a.provision("same", "test-tiny")

@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"sandboxd/egress"
+	"sandboxd/server/config"
 )
 
 // upstreams are real HTTP and HTTPS servers on the host's loopback that
@@ -124,7 +125,7 @@ func testCert(t *testing.T, host string) (tls.Certificate, []byte) {
 
 // egressTestConfig: a real server whose proxy may reach loopback (where the
 // upstreams are) and resolves the test domain there.
-func egressTestConfig(t *testing.T, u *upstreams) *Config {
+func egressTestConfig(t *testing.T, u *upstreams) *config.Config {
 	cfg := realConfig(t)
 	cfg.Egress.AllowNetworks = append(cfg.Egress.AllowNetworks, "127.0.0.0/8")
 	cfg.Egress.Allowlist = append(cfg.Egress.Allowlist,
@@ -132,8 +133,8 @@ func egressTestConfig(t *testing.T, u *upstreams) *Config {
 		egressRule("*.mirror."+testDomain, u.httpPort))
 	cfg.EgressResolver = testResolver{}
 	cfg.Sizes.List = append(cfg.Sizes.List,
-		Size{Name: "test-egress", VCPUs: 1, MemoryMiB: 512, DiskMiB: 512, Pids: 512, CreditsPerHour: 1, EgressMiB: 256},
-		Size{Name: "test-quota", VCPUs: 1, MemoryMiB: 512, DiskMiB: 256, Pids: 512, CreditsPerHour: 1, EgressMiB: 2})
+		config.Size{Name: "test-egress", VCPUs: 1, MemoryMiB: 512, DiskMiB: 512, Pids: 512, CreditsPerHour: 1, EgressMiB: 256},
+		config.Size{Name: "test-quota", VCPUs: 1, MemoryMiB: 512, DiskMiB: 256, Pids: 512, CreditsPerHour: 1, EgressMiB: 2})
 	return cfg
 }
 

@@ -27,6 +27,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"sandboxd/runsc"
+	"sandboxd/server/config"
 	"sandboxd/store"
 )
 
@@ -116,7 +117,7 @@ func sha(b []byte) string {
 
 // mountsUnderSandboxes lists the mount points below the data dir's
 // sandboxes/ directory.
-func mountsUnderSandboxes(cfg *Config) []string {
+func mountsUnderSandboxes(cfg *config.Config) []string {
 	b, _ := os.ReadFile("/proc/self/mountinfo")
 	var out []string
 	for _, line := range strings.Split(string(b), "\n") {

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"sandboxd/runsc"
+	"sandboxd/server/config"
 	"sandboxd/server/errdefs"
 	"sandboxd/store"
 )
@@ -231,7 +232,7 @@ func credits(ses *store.Session, end time.Time) float64 {
 
 // provision creates and starts the sandbox of a freshly inserted session.
 // On failure the row is removed again, so nothing is left behind.
-func (m *manager) provision(ctx context.Context, ses *store.Session, size Size) error {
+func (m *manager) provision(ctx context.Context, ses *store.Session, size config.Size) error {
 	return m.start(ses, size, false)
 }
 
@@ -244,14 +245,14 @@ func (m *manager) resume(ses *store.Session) error {
 	if err := m.setStatus(context.Background(), ses, store.StatusProvisioning, ses.StatusReason); err != nil {
 		return err
 	}
-	size := Size{Name: ses.Size, VCPUs: ses.VCPUs, MemoryMiB: ses.MemoryMiB, DiskMiB: ses.DiskMiB, Pids: ses.Pids}
+	size := config.Size{Name: ses.Size, VCPUs: ses.VCPUs, MemoryMiB: ses.MemoryMiB, DiskMiB: ses.DiskMiB, Pids: ses.Pids}
 	return m.start(ses, size, true)
 }
 
 // start creates and starts a provisioning session's sandbox. resumed says
 // whether its disk comes from a teardown (and must survive a failure).
-func (m *manager) start(ses *store.Session, size Size, resumed bool) error {
-	sb := runsc.Sandbox{ID: ses.ContainerID, Image: m.s.image, Limits: size.Limits()}
+func (m *manager) start(ses *store.Session, size config.Size, resumed bool) error {
+	sb := runsc.Sandbox{ID: ses.ContainerID, Image: m.s.image, Limits: sizeLimits(size)}
 	// A client that goes away must not leave a half-made sandbox: create
 	// runs to completion (or full undo) on its own context.
 	cctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"sandboxd/server/config"
+
 	"github.com/gorilla/websocket"
 )
 
@@ -113,7 +115,7 @@ func waitOpen(t *testing.T, l *capListener, want int64) {
 
 func TestAPIConnCapAndIdleTimeout(t *testing.T) {
 	const max, idle = 6, 2 * time.Second
-	e := newAPIEnv(t, func(c *Config) {
+	e := newAPIEnv(t, func(c *config.Config) {
 		c.Limits.MaxAPIConns = max
 		c.Limits.APIIdleSeconds = int(idle / time.Second)
 	})
@@ -172,7 +174,7 @@ func TestAPIConnCapAndIdleTimeout(t *testing.T) {
 // not apply to it) and gives it back when closed.
 func TestAPIConnCapCountsWebSockets(t *testing.T) {
 	const max, idle = 3, 1 * time.Second
-	e := newAPIEnv(t, func(c *Config) {
+	e := newAPIEnv(t, func(c *config.Config) {
 		c.Limits.MaxAPIConns = max
 		c.Limits.APIIdleSeconds = int(idle / time.Second)
 	})

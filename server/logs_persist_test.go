@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"sandboxd/server/config"
 	"sandboxd/store"
 )
 
@@ -44,7 +45,7 @@ func logsServer(db *store.DB) *Server {
 // (they are re-read from runsc's file), nor are loaded events persisted again.
 func TestLogEventsPersisted(t *testing.T) {
 	ctx := context.Background()
-	path := DBPath(t.TempDir())
+	path := config.DBPath(t.TempDir())
 	db, err := store.Open(path)
 	if err != nil {
 		t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"sandboxd/runsc"
+	"sandboxd/server/config"
 	"sandboxd/store"
 )
 
@@ -115,7 +116,7 @@ func TestRealResume(t *testing.T) {
 	h.close()
 
 	// A server that stops in the middle of a resume finishes it as stopped.
-	db, err := store.Open(DBPath(cfg.DataDir))
+	db, err := store.Open(config.DBPath(cfg.DataDir))
 	if err != nil {
 		t.Fatal(err)
 	}

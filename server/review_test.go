@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"sandboxd/runsc"
+	"sandboxd/server/config"
 	"sandboxd/store"
 )
 
@@ -48,7 +49,7 @@ func TestAPIStrictKeysAndPaths(t *testing.T) {
 }
 
 func TestCapacityLimits(t *testing.T) {
-	e := newAPIEnv(t, func(c *Config) {
+	e := newAPIEnv(t, func(c *config.Config) {
 		c.Limits.MaxSandboxesPerOrg = 2
 		c.Limits.MaxMemoryMiB = 3 * 1024
 	})
@@ -70,7 +71,7 @@ func TestCapacityLimits(t *testing.T) {
 }
 
 func TestExecConcurrencyLimit(t *testing.T) {
-	e := newAPIEnv(t, func(c *Config) { c.Limits.MaxExecsPerSession = 2 })
+	e := newAPIEnv(t, func(c *config.Config) { c.Limits.MaxExecsPerSession = 2 })
 	e.provision(e.token, map[string]any{"sessionId": "x1"})
 	release := make(chan struct{})
 	started := make(chan struct{}, 4)

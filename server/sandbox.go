@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"sandboxd/runsc"
+	"sandboxd/server/config"
 	"sandboxd/server/errdefs"
 	"sandboxd/store"
 	"sandboxd/streams/scrub"
@@ -30,41 +31,41 @@ type provisionRequest struct {
 	IdleTimeoutSeconds *int              `json:"idleTimeoutSeconds"`
 }
 
-func (s *Server) validateProvision(req *provisionRequest) (Size, error) {
+func (s *Server) validateProvision(req *provisionRequest) (config.Size, error) {
 	if req.SessionID == "" {
-		return Size{}, errdefs.Invalid("sessionId: required").WithCode("invalid_session_id")
+		return config.Size{}, errdefs.Invalid("sessionId: required").WithCode("invalid_session_id")
 	}
 	if !validSessionID(req.SessionID) {
-		return Size{}, errInvalidSessionID
+		return config.Size{}, errInvalidSessionID
 	}
 	size, ok := s.cfg.Sizes.Resolve(req.Size)
 	if !ok {
-		return Size{}, errdefs.Invalid("size: must be one of %s", strings.Join(s.cfg.Sizes.Names(), ", ")).WithCode("invalid_size")
+		return config.Size{}, errdefs.Invalid("size: must be one of %s", strings.Join(s.cfg.Sizes.Names(), ", ")).WithCode("invalid_size")
 	}
 	if req.GitRepo != "" && !validRepo(req.GitRepo) {
-		return Size{}, errdefs.Invalid("gitRepo: must be owner/name (owner: 1-39 of letters, digits, '-'; name: 1-100 of letters, digits, '.', '_', '-')").WithCode("invalid_repo")
+		return config.Size{}, errdefs.Invalid("gitRepo: must be owner/name (owner: 1-39 of letters, digits, '-'; name: 1-100 of letters, digits, '.', '_', '-')").WithCode("invalid_repo")
 	}
 	if req.GitBranch != "" {
 		if req.GitRepo == "" {
-			return Size{}, errdefs.Invalid("gitBranch: needs gitRepo").WithCode("invalid_branch")
+			return config.Size{}, errdefs.Invalid("gitBranch: needs gitRepo").WithCode("invalid_branch")
 		}
 		if !validBranch(req.GitBranch) {
-			return Size{}, errdefs.Invalid("gitBranch: not a valid git branch name").WithCode("invalid_branch")
+			return config.Size{}, errdefs.Invalid("gitBranch: not a valid git branch name").WithCode("invalid_branch")
 		}
 	}
 	if e := checkEnv("env", req.Env); e != nil {
-		return Size{}, e
+		return config.Size{}, e
 	}
 	if e := checkEnv("secrets", req.Secrets); e != nil {
-		return Size{}, e
+		return config.Size{}, e
 	}
 	for k, v := range req.Secrets {
 		if len(v) < scrub.MinValueLen {
-			return Size{}, badRequest("secrets: value of %s is shorter than %d bytes and cannot be redacted safely; it was not accepted", k, scrub.MinValueLen)
+			return config.Size{}, badRequest("secrets: value of %s is shorter than %d bytes and cannot be redacted safely; it was not accepted", k, scrub.MinValueLen)
 		}
 	}
 	if t := req.IdleTimeoutSeconds; t != nil && (*t < 0 || *t > 7*24*3600) {
-		return Size{}, badRequest("idleTimeoutSeconds: must be 0-604800")
+		return config.Size{}, badRequest("idleTimeoutSeconds: must be 0-604800")
 	}
 	return size, nil
 }
@@ -650,5 +651,16 @@ func sandboxJSON(ses *store.Session) sandboxObject {
 		Egress:  egressUsage{BytesUsed: ses.EgressBytesUsed, BytesLimit: ses.EgressBytesLimit},
 		Credits: creditUsage{Used: used},
 		URLs:    map[string]string{},
+	}
+}
+
+// sizeLimits converts a size to the driver's limits.
+func sizeLimits(z config.Size) runsc.Limits {
+	return runsc.Limits{
+		VCPUs:     z.VCPUs,
+		MemoryMiB: int64(z.MemoryMiB),
+		DiskMiB:   int64(z.DiskMiB),
+		Pids:      int64(z.Pids),
+		Processes: runsc.DefaultProcesses(int64(z.Pids)),
 	}
 }

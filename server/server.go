@@ -8,7 +8,6 @@ package server
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -18,7 +17,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"regexp"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -28,6 +26,7 @@ import (
 	"sandboxd/runsc"
 	"sandboxd/runsc/agent"
 	"sandboxd/runsc/image"
+	"sandboxd/server/config"
 	"sandboxd/store"
 )
 
@@ -50,7 +49,7 @@ type Runtime interface {
 
 // Server is one sandboxd instance.
 type Server struct {
-	cfg    *Config
+	cfg    *config.Config
 	db     *store.DB
 	rt     Runtime
 	image  string
@@ -72,26 +71,6 @@ type Server struct {
 	egressEvents *egressEvents
 }
 
-// DBPath is the SQLite file inside a data directory.
-func DBPath(dataDir string) string { return filepath.Join(dataDir, "sandboxd.db") }
-
-// ResourcePrefix names every host resource of the server with this data
-// directory, so servers with different data directories never collide.
-func ResourcePrefix(dataDir string) string {
-	sum := sha256.Sum256([]byte(dataDir))
-	return "sbx" + hex.EncodeToString(sum[:3])
-}
-
-var nameRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9 ._-]{0,63}$`)
-
-// ValidName checks an organization, user or token name.
-func ValidName(s string) error {
-	if !nameRe.MatchString(s) {
-		return errors.New("1-64 characters of letters, digits, space, '.', '_' or '-', starting with a letter or digit")
-	}
-	return nil
-}
-
 // BinDir is the directory of the running executable (runsc and the agent
 // are looked up next to it).
 func BinDir() string {
@@ -105,7 +84,7 @@ func BinDir() string {
 // New opens the store, makes sure the image exists and prepares the runtime.
 // out receives what an operator must see (first start's owner token, image
 // build progress).
-func New(ctx context.Context, cfg *Config, out io.Writer) (*Server, error) {
+func New(ctx context.Context, cfg *config.Config, out io.Writer) (*Server, error) {
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("server", cfg.Listen)
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("data dir: %w", err)
@@ -116,7 +95,7 @@ func New(ctx context.Context, cfg *Config, out io.Writer) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	db, err := store.Open(DBPath(cfg.DataDir))
+	db, err := store.Open(config.DBPath(cfg.DataDir))
 	if err != nil {
 		lock.Close()
 		return nil, err
@@ -158,7 +137,7 @@ func New(ctx context.Context, cfg *Config, out io.Writer) (*Server, error) {
 		Binary:   bin,
 		StateDir: cfg.DataDir,
 		Agent:    agent,
-		Prefix:   ResourcePrefix(cfg.DataDir),
+		Prefix:   config.ResourcePrefix(cfg.DataDir),
 		Platform: cfg.Runsc.Platform,
 		Debug:    cfg.Runsc.Debug,
 		Logger:   log,
@@ -175,7 +154,7 @@ func New(ctx context.Context, cfg *Config, out io.Writer) (*Server, error) {
 	return s, nil
 }
 
-func newServer(cfg *Config, db *store.DB, rt Runtime, img string, log *slog.Logger) (*Server, error) {
+func newServer(cfg *config.Config, db *store.DB, rt Runtime, img string, log *slog.Logger) (*Server, error) {
 	pol, err := egress.NewPolicy(cfg.Egress)
 	if err != nil {
 		return nil, fmt.Errorf("egress: %w", err)
@@ -273,7 +252,7 @@ func lockDataDir(dir string) (*os.File, error) {
 }
 
 // Run serves until ctx is done, then shuts down gracefully.
-func Run(ctx context.Context, cfg *Config, out io.Writer) error {
+func Run(ctx context.Context, cfg *config.Config, out io.Writer) error {
 	s, err := New(ctx, cfg, out)
 	if err != nil {
 		return err

@@ -12,13 +12,15 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"sandboxd/server/config"
 )
 
 // The standard library's log lines (net/http's) pass the scrubber, with
 // the secrets of every session, and a rate limit. Fake runtime, no root.
 func TestStdLogScrubbedAndRateLimited(t *testing.T) {
 	clearConfigEnv(t)
-	cfg, err := LoadConfig(Overrides{DataDir: t.TempDir()})
+	cfg, err := config.Load(config.Overrides{DataDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}

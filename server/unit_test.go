@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"sandboxd/configs"
 	"sandboxd/runsc"
+	"sandboxd/server/config"
 	"sandboxd/store"
 )
 
@@ -252,241 +252,6 @@ func TestCanTable(t *testing.T) {
 	}
 }
 
-func embeddedSizes(t *testing.T) Sizes {
-	t.Helper()
-	b, err := configs.FS.ReadFile("sizes.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := ParseSizes(b)
-	if err != nil {
-		t.Fatalf("ParseSizes(configs/sizes.yaml): %v", err)
-	}
-	return s
-}
-
-func TestSizesEmbedded(t *testing.T) {
-	s := embeddedSizes(t)
-	if s.Default != "standard-1" {
-		t.Errorf("default = %q, want standard-1", s.Default)
-	}
-	cases := []struct {
-		req, want string
-	}{
-		{"", "standard-1"},
-		{"standard-1", "standard-1"},
-		{"small", "standard-2"},
-		{"standard", "standard-3"},
-		{"large", "standard-4"},
-		{"standard-5", "standard-5"},
-	}
-	for _, c := range cases {
-		z, ok := s.Resolve(c.req)
-		if !ok || z.Name != c.want {
-			t.Errorf("Resolve(%q) = %q, %v; want %q, true", c.req, z.Name, ok, c.want)
-		}
-	}
-	for _, bad := range []string{"huge", "Standard-1", "standard-6", " small", "legacy"} {
-		if z, ok := s.Resolve(bad); ok {
-			t.Errorf("Resolve(%q) = %+v, true; want not ok", bad, z)
-		}
-	}
-	z, _ := s.Resolve("small")
-	if z.VCPUs != 2 || z.MemoryMiB != 2048 || z.DiskMiB != 16384 || z.Pids != 1024 || z.CreditsPerHour != 2 {
-		t.Errorf("standard-2 = %+v", z)
-	}
-	l := z.Limits()
-	want := runsc.Limits{VCPUs: 2, MemoryMiB: 2048, DiskMiB: 16384, Pids: 1024, Processes: runsc.DefaultProcesses(1024)}
-	if l != want {
-		t.Errorf("Limits() = %+v, want %+v", l, want)
-	}
-	names := s.Names()
-	wantNames := []string{"standard-1", "standard-2", "standard-3", "standard-4", "standard-5", "large", "small", "standard"}
-	if !reflect.DeepEqual(names, wantNames) {
-		t.Errorf("Names() = %v, want %v", names, wantNames)
-	}
-}
-
-func TestParseSizesErrors(t *testing.T) {
-	const base = `default: a
-sizes:
-  - {name: a, vcpus: 1, memoryMiB: 512, diskMiB: 512, pids: 128, creditsPerHour: 1}
-`
-	if _, err := ParseSizes([]byte(base)); err != nil {
-		t.Fatalf("base table: %v", err)
-	}
-	cases := map[string]struct {
-		yaml, want string
-	}{
-		"duplicate name": {base + `  - {name: a, vcpus: 2, memoryMiB: 512, diskMiB: 512, pids: 128}` + "\n", "repeated"},
-		"empty name":     {base + `  - {vcpus: 2, memoryMiB: 512, diskMiB: 512, pids: 128}` + "\n", "repeated"},
-		"legacy unknown": {base + "legacy:\n  old: nope\n", "unknown size"},
-		"legacy shadows": {base + "legacy:\n  a: a\n", "shadows"},
-		"unknown key":    {base + "extra: 1\n", "extra"},
-		"unknown size key": {`default: a
-sizes:
-  - {name: a, vcpus: 1, memoryMiB: 512, diskMiB: 512, pids: 128, gpus: 1}
-`, "gpus"},
-		"default undefined": {strings.Replace(base, "default: a", "default: b", 1), "default size"},
-		"zero vcpus":        {strings.Replace(base, "vcpus: 1", "vcpus: 0", 1), "out of range"},
-		"low memory":        {strings.Replace(base, "memoryMiB: 512", "memoryMiB: 255", 1), "out of range"},
-		"low pids":          {strings.Replace(base, "pids: 128", "pids: 127", 1), "out of range"},
-		"negative credits":  {strings.Replace(base, "creditsPerHour: 1", "creditsPerHour: -1", 1), "out of range"},
-		"bad type":          {strings.Replace(base, "vcpus: 1", "vcpus: many", 1), "many"},
-	}
-	for name, c := range cases {
-		_, err := ParseSizes([]byte(c.yaml))
-		if err == nil || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("%s: ParseSizes = %v, want error containing %q", name, err, c.want)
-		}
-	}
-}
-
-// clearConfigEnv makes the test independent of the caller's environment.
-func clearConfigEnv(t *testing.T) {
-	t.Helper()
-	for _, k := range []string{"SANDBOXD_CONFIG", "SANDBOXD_LISTEN", "SANDBOXD_DATA_DIR"} {
-		t.Setenv(k, "")
-	}
-}
-
-func writeTempFile(t *testing.T, name, content string) string {
-	t.Helper()
-	p := filepath.Join(t.TempDir(), name)
-	if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
-func TestLoadConfigDefaults(t *testing.T) {
-	clearConfigEnv(t)
-	c, err := LoadConfig(Overrides{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if c.Listen != "127.0.0.1:8080" {
-		t.Errorf("listen = %q", c.Listen)
-	}
-	if c.DataDir != "/var/lib/sandboxd" {
-		t.Errorf("dataDir = %q", c.DataDir)
-	}
-	if len(c.TrustedProxies) != 0 {
-		t.Errorf("trustedProxies = %v, want none", c.TrustedProxies)
-	}
-	if c.Runsc.Platform != "systrap" || c.Runsc.Binary != "" || c.Runsc.Debug {
-		t.Errorf("runsc = %+v", c.Runsc)
-	}
-	if !c.Image.AutoBuild || c.Image.Suite != "bookworm" || c.Image.CacheDir != "/var/cache/sandboxd/images" {
-		t.Errorf("image = %+v", c.Image)
-	}
-	l := c.Limits
-	if l.MaxBodyBytes != 1<<20 || l.ExecOutputBytes != 1<<20 || l.ExecDefaultTimeoutMs != 60000 ||
-		l.ExecMaxTimeoutMs != 3600000 || l.MaxSandboxes != 64 {
-		t.Errorf("limits = %+v", l)
-	}
-	if c.Sizes.Default != "standard-1" || len(c.Sizes.List) != 5 {
-		t.Errorf("sizes = %+v", c.Sizes)
-	}
-	if _, err := c.ImageRecipe(); err != nil {
-		t.Errorf("ImageRecipe: %v", err)
-	}
-}
-
-func TestLoadConfigPrecedence(t *testing.T) {
-	clearConfigEnv(t)
-	fileDir := t.TempDir()
-	file := writeTempFile(t, "c.yaml", fmt.Sprintf("listen: 127.0.0.1:1111\ndataDir: %s\nlimits:\n  maxSandboxes: 3\n", fileDir))
-
-	// file > defaults (and keys the file does not set keep their defaults)
-	c, err := LoadConfig(Overrides{ConfigFile: file})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if c.Listen != "127.0.0.1:1111" || c.DataDir != fileDir || c.Limits.MaxSandboxes != 3 {
-		t.Errorf("file: %s %s %d", c.Listen, c.DataDir, c.Limits.MaxSandboxes)
-	}
-	if c.Limits.MaxBodyBytes != 1<<20 || c.Runsc.Platform != "systrap" {
-		t.Errorf("file replaced defaults it does not set: %+v", c.Limits)
-	}
-
-	// SANDBOXD_CONFIG names the file when no flag does.
-	t.Setenv("SANDBOXD_CONFIG", file)
-	if c, err = LoadConfig(Overrides{}); err != nil || c.Listen != "127.0.0.1:1111" {
-		t.Fatalf("SANDBOXD_CONFIG: %v %v", c, err)
-	}
-	// ... and the flag beats it.
-	other := writeTempFile(t, "o.yaml", "listen: 127.0.0.1:4444\n")
-	if c, err = LoadConfig(Overrides{ConfigFile: other}); err != nil || c.Listen != "127.0.0.1:4444" {
-		t.Fatalf("--config over SANDBOXD_CONFIG: %+v %v", c, err)
-	}
-
-	// env > file
-	envDir := t.TempDir()
-	t.Setenv("SANDBOXD_LISTEN", "127.0.0.1:2222")
-	t.Setenv("SANDBOXD_DATA_DIR", envDir)
-	if c, err = LoadConfig(Overrides{}); err != nil {
-		t.Fatal(err)
-	}
-	if c.Listen != "127.0.0.1:2222" || c.DataDir != envDir {
-		t.Errorf("env: %s %s", c.Listen, c.DataDir)
-	}
-
-	// flags > env
-	flagDir := t.TempDir()
-	if c, err = LoadConfig(Overrides{Listen: "127.0.0.1:3333", DataDir: flagDir}); err != nil {
-		t.Fatal(err)
-	}
-	if c.Listen != "127.0.0.1:3333" || c.DataDir != flagDir {
-		t.Errorf("flags: %s %s", c.Listen, c.DataDir)
-	}
-
-	// A relative data dir is made absolute.
-	if c, err = LoadConfig(Overrides{DataDir: "rel/dir"}); err != nil {
-		t.Fatal(err)
-	}
-	if !filepath.IsAbs(c.DataDir) || !strings.HasSuffix(c.DataDir, "rel/dir") {
-		t.Errorf("relative dataDir -> %q", c.DataDir)
-	}
-}
-
-func TestLoadConfigErrors(t *testing.T) {
-	clearConfigEnv(t)
-	cases := map[string]struct {
-		yaml, want string
-	}{
-		"unknown top key":    {"listn: 127.0.0.1:1\n", "listn"},
-		"unknown nested key": {"limits:\n  maxBody: 5\n", "maxBody"},
-		"bad listen":         {"listen: nowhere\n", "listen"},
-		"relative cache":     {"image:\n  cacheDir: cache\n", "cacheDir"},
-		"bad mirror":         {"image:\n  mirror: ftp://x\n", "mirror"},
-		"bad proxy":          {"trustedProxies: [not-an-ip]\n", "trustedProxies"},
-		"limits":             {"limits:\n  maxBodyBytes: 10\n", "limits"},
-		"timeouts":           {"limits:\n  execDefaultTimeoutMs: 10\n  execMaxTimeoutMs: 5\n", "limits"},
-		"api conns":          {"limits:\n  maxAPIConns: -1\n", "limits"},
-		"api idle":           {"limits:\n  apiIdleSeconds: 0\n", "limits"},
-		"bad yaml":           {"listen: [\n", "yaml"},
-	}
-	for name, c := range cases {
-		_, err := LoadConfig(Overrides{ConfigFile: writeTempFile(t, "c.yaml", c.yaml)})
-		if err == nil || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("%s: LoadConfig = %v, want error containing %q", name, err, c.want)
-		}
-	}
-	if _, err := LoadConfig(Overrides{ConfigFile: filepath.Join(t.TempDir(), "missing.yaml")}); err == nil {
-		t.Error("missing config file: no error")
-	}
-	// An empty file changes nothing.
-	c, err := LoadConfig(Overrides{ConfigFile: writeTempFile(t, "empty.yaml", "")})
-	if err != nil || c.Listen != "127.0.0.1:8080" {
-		t.Errorf("empty file: %+v %v", c, err)
-	}
-	// A listen override that is not host:port is rejected even from a flag.
-	if _, err := LoadConfig(Overrides{Listen: "8080"}); err == nil {
-		t.Error("listen 8080: no error")
-	}
-}
-
 func envMap(t *testing.T, env []string) map[string]string {
 	t.Helper()
 	m := map[string]string{}
@@ -711,26 +476,6 @@ func absDiff(f float64) float64 {
 	return f
 }
 
-func TestValidName(t *testing.T) {
-	for _, ok := range []string{"a", "Team 1", "x.y_z-w", strings.Repeat("a", 64)} {
-		if err := ValidName(ok); err != nil {
-			t.Errorf("ValidName(%q) = %v", ok, err)
-		}
-	}
-	for _, bad := range []string{"", " a", "-a", strings.Repeat("a", 65), "a/b", "a\n"} {
-		if ValidName(bad) == nil {
-			t.Errorf("ValidName(%q) = nil", bad)
-		}
-	}
-}
-
-func TestResourcePrefix(t *testing.T) {
-	a, b := ResourcePrefix("/var/lib/a"), ResourcePrefix("/var/lib/b")
-	if a == b || len(a) != 9 || !strings.HasPrefix(a, "sbx") || a != ResourcePrefix("/var/lib/a") {
-		t.Errorf("ResourcePrefix: %q %q", a, b)
-	}
-}
-
 // TestRedactOverlapping documents a known defect: when one secret value
 // contains another, redact's result depends on map iteration order, and the
 // shorter value may be replaced first, leaking the rest of the longer one
@@ -765,5 +510,17 @@ func TestDirBytesFollowsNoLink(t *testing.T) {
 	n := dirBytes(dir)
 	if n < 3*64<<10 || n > 4<<20 {
 		t.Fatalf("dirBytes = %d, want the three files' 192 KiB and their directories", n)
+	}
+}
+
+func TestSizeLimits(t *testing.T) {
+	cfg, err := config.Load(config.Overrides{DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	z, _ := cfg.Sizes.Resolve("small")
+	want := runsc.Limits{VCPUs: 2, MemoryMiB: 2048, DiskMiB: 16384, Pids: 1024, Processes: runsc.DefaultProcesses(1024)}
+	if l := sizeLimits(z); l != want {
+		t.Errorf("sizeLimits = %+v, want %+v", l, want)
 	}
 }

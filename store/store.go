@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"regexp"
 	"runtime"
 	"strings"
 	"sync"
@@ -664,4 +665,14 @@ func (db *DB) GetProject(ctx context.Context, orgID, projectID string) (Project,
 func marshalJSON(v any) (string, error) {
 	b, err := json.Marshal(v)
 	return string(b), err
+}
+
+var nameRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9 ._-]{0,63}$`)
+
+// ValidName checks an organization, user or token name.
+func ValidName(s string) error {
+	if !nameRe.MatchString(s) {
+		return errors.New("1-64 characters of letters, digits, space, '.', '_' or '-', starting with a letter or digit")
+	}
+	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -683,5 +684,18 @@ func TestAuditBufferFullFallsBackToSyncWrite(t *testing.T) {
 	}
 	if got != n {
 		t.Fatalf("audit rows = %d, want %d", got, n)
+	}
+}
+
+func TestValidName(t *testing.T) {
+	for _, ok := range []string{"a", "Team 1", "x.y_z-w", strings.Repeat("a", 64)} {
+		if err := ValidName(ok); err != nil {
+			t.Errorf("ValidName(%q) = %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"", " a", "-a", strings.Repeat("a", 65), "a/b", "a\n"} {
+		if ValidName(bad) == nil {
+			t.Errorf("ValidName(%q) = nil", bad)
+		}
 	}
 }

@@ -16,6 +16,7 @@ import (
 
 	"sandboxd/runsc/image"
 	"sandboxd/server"
+	"sandboxd/server/config"
 	"sandboxd/store"
 )
 
@@ -65,7 +66,7 @@ func requireRoot() error {
 
 func serve(args []string) error {
 	fs := flag.NewFlagSet("serve", flag.ExitOnError)
-	var o server.Overrides
+	var o config.Overrides
 	fs.StringVar(&o.ConfigFile, "config", "", "config file (YAML)")
 	fs.StringVar(&o.Listen, "listen", "", "listen address (default 127.0.0.1:8080)")
 	fs.StringVar(&o.DataDir, "data-dir", "", "data directory (default /var/lib/sandboxd)")
@@ -74,7 +75,7 @@ func serve(args []string) error {
 	if err := requireRoot(); err != nil {
 		return err
 	}
-	cfg, err := server.LoadConfig(o)
+	cfg, err := config.Load(o)
 	if err != nil {
 		return err
 	}
@@ -88,13 +89,13 @@ func serve(args []string) error {
 
 func buildImage(args []string) error {
 	fs := flag.NewFlagSet("image", flag.ExitOnError)
-	var o server.Overrides
+	var o config.Overrides
 	fs.StringVar(&o.ConfigFile, "config", "", "config file (YAML)")
 	fs.Parse(args)
 	if err := requireRoot(); err != nil {
 		return err
 	}
-	cfg, err := server.LoadConfig(o)
+	cfg, err := config.Load(o)
 	if err != nil {
 		return err
 	}
@@ -118,21 +119,21 @@ func orgCreate(args []string) error {
 	}
 	name := args[0]
 	fs := flag.NewFlagSet("org create", flag.ExitOnError)
-	var o server.Overrides
+	var o config.Overrides
 	fs.StringVar(&o.ConfigFile, "config", "", "config file (YAML)")
 	fs.StringVar(&o.DataDir, "data-dir", "", "data directory")
 	fs.Parse(args[1:])
-	cfg, err := server.LoadConfig(o)
+	cfg, err := config.Load(o)
 	if err != nil {
 		return err
 	}
-	if err := server.ValidName(name); err != nil {
+	if err := store.ValidName(name); err != nil {
 		return fmt.Errorf("organization name: %w", err)
 	}
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return err
 	}
-	db, err := store.Open(server.DBPath(cfg.DataDir))
+	db, err := store.Open(config.DBPath(cfg.DataDir))
 	if err != nil {
 		return err
 	}

@@ -1,7 +1,16 @@
-package server
+// Package config owns sandboxd's configuration: the built-in defaults
+// (configs/sandboxd.yaml), the operator's file, environment and flag
+// overrides, strict decoding and validation, and the size table. It imports
+// no HTTP framework, sandbox driver or database, so commands that only read
+// the configuration stay small.
+//
+// Concurrency: a loaded *Config is read-only; share it freely.
+package config
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -73,15 +82,18 @@ type Config struct {
 	EgressResolver egress.Resolver `yaml:"-"`
 }
 
+// EnvVars are the environment variables Load reads.
+var EnvVars = []string{"SANDBOXD_CONFIG", "SANDBOXD_LISTEN", "SANDBOXD_DATA_DIR"}
+
 // Overrides are values from flags and environment; empty means "not set".
 type Overrides struct {
 	ConfigFile, Listen, DataDir string
 }
 
-// LoadConfig builds the configuration: built-in defaults, then the config
+// Load builds the configuration: built-in defaults, then the config
 // file, then environment, then flags (each beats the previous). Unknown keys
 // in a file are errors.
-func LoadConfig(flags Overrides) (*Config, error) {
+func Load(flags Overrides) (*Config, error) {
 	var c Config
 	def, err := configs.FS.ReadFile("sandboxd.yaml")
 	if err != nil {
@@ -128,7 +140,13 @@ func LoadConfig(flags Overrides) (*Config, error) {
 			return nil, fmt.Errorf("egress config %s: %w", c.EgressOptions.ConfigFile, err)
 		}
 	} else {
-		c.Egress = egress.DefaultConfig()
+		b, err := configs.FS.ReadFile("egress.yaml")
+		if err != nil {
+			return nil, err
+		}
+		if c.Egress, err = egress.LoadConfig(b); err != nil {
+			return nil, fmt.Errorf("built-in egress config: %w", err)
+		}
 	}
 	if err := c.validate(); err != nil {
 		return nil, err
@@ -205,4 +223,14 @@ func (c *Config) ImageRecipe() (image.Recipe, error) {
 	}
 	return image.Recipe{Suite: c.Image.Suite, Mirror: c.Image.Mirror,
 		Packages: image.ParsePackages(string(pk)), Build: build, Setup: setup}, nil
+}
+
+// DBPath is the SQLite file inside a data directory.
+func DBPath(dataDir string) string { return filepath.Join(dataDir, "sandboxd.db") }
+
+// ResourcePrefix names every host resource of the server with this data
+// directory, so servers with different data directories never collide.
+func ResourcePrefix(dataDir string) string {
+	sum := sha256.Sum256([]byte(dataDir))
+	return "sbx" + hex.EncodeToString(sum[:3])
 }

@@ -1,11 +1,9 @@
-package server
+package config
 
 import (
 	"fmt"
 	"math"
 	"sort"
-
-	"sandboxd/runsc"
 )
 
 // Size is one named sandbox size (configs/sizes.yaml).
@@ -100,15 +98,4 @@ func (s Sizes) Names() []string {
 	}
 	sort.Strings(legacy)
 	return append(out, legacy...)
-}
-
-// Limits converts a size to the runtime's limits.
-func (z Size) Limits() runsc.Limits {
-	return runsc.Limits{
-		VCPUs:     z.VCPUs,
-		MemoryMiB: int64(z.MemoryMiB),
-		DiskMiB:   int64(z.DiskMiB),
-		Pids:      int64(z.Pids),
-		Processes: runsc.DefaultProcesses(int64(z.Pids)),
-	}
 }

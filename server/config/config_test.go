@@ -1,0 +1,161 @@
+package config
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// clearConfigEnv makes the test independent of the caller's environment.
+func clearConfigEnv(t *testing.T) {
+	t.Helper()
+	for _, k := range EnvVars {
+		t.Setenv(k, "")
+	}
+}
+
+func writeTempFile(t *testing.T, name, content string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestLoadConfigDefaults(t *testing.T) {
+	clearConfigEnv(t)
+	c, err := Load(Overrides{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Listen != "127.0.0.1:8080" {
+		t.Errorf("listen = %q", c.Listen)
+	}
+	if c.DataDir != "/var/lib/sandboxd" {
+		t.Errorf("dataDir = %q", c.DataDir)
+	}
+	if len(c.TrustedProxies) != 0 {
+		t.Errorf("trustedProxies = %v, want none", c.TrustedProxies)
+	}
+	if c.Runsc.Platform != "systrap" || c.Runsc.Binary != "" || c.Runsc.Debug {
+		t.Errorf("runsc = %+v", c.Runsc)
+	}
+	if !c.Image.AutoBuild || c.Image.Suite != "bookworm" || c.Image.CacheDir != "/var/cache/sandboxd/images" {
+		t.Errorf("image = %+v", c.Image)
+	}
+	l := c.Limits
+	if l.MaxBodyBytes != 1<<20 || l.ExecOutputBytes != 1<<20 || l.ExecDefaultTimeoutMs != 60000 ||
+		l.ExecMaxTimeoutMs != 3600000 || l.MaxSandboxes != 64 {
+		t.Errorf("limits = %+v", l)
+	}
+	if c.Sizes.Default != "standard-1" || len(c.Sizes.List) != 5 {
+		t.Errorf("sizes = %+v", c.Sizes)
+	}
+	if _, err := c.ImageRecipe(); err != nil {
+		t.Errorf("ImageRecipe: %v", err)
+	}
+}
+
+func TestLoadConfigPrecedence(t *testing.T) {
+	clearConfigEnv(t)
+	fileDir := t.TempDir()
+	file := writeTempFile(t, "c.yaml", fmt.Sprintf("listen: 127.0.0.1:1111\ndataDir: %s\nlimits:\n  maxSandboxes: 3\n", fileDir))
+
+	// file > defaults (and keys the file does not set keep their defaults)
+	c, err := Load(Overrides{ConfigFile: file})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Listen != "127.0.0.1:1111" || c.DataDir != fileDir || c.Limits.MaxSandboxes != 3 {
+		t.Errorf("file: %s %s %d", c.Listen, c.DataDir, c.Limits.MaxSandboxes)
+	}
+	if c.Limits.MaxBodyBytes != 1<<20 || c.Runsc.Platform != "systrap" {
+		t.Errorf("file replaced defaults it does not set: %+v", c.Limits)
+	}
+
+	// SANDBOXD_CONFIG names the file when no flag does.
+	t.Setenv("SANDBOXD_CONFIG", file)
+	if c, err = Load(Overrides{}); err != nil || c.Listen != "127.0.0.1:1111" {
+		t.Fatalf("SANDBOXD_CONFIG: %v %v", c, err)
+	}
+	// ... and the flag beats it.
+	other := writeTempFile(t, "o.yaml", "listen: 127.0.0.1:4444\n")
+	if c, err = Load(Overrides{ConfigFile: other}); err != nil || c.Listen != "127.0.0.1:4444" {
+		t.Fatalf("--config over SANDBOXD_CONFIG: %+v %v", c, err)
+	}
+
+	// env > file
+	envDir := t.TempDir()
+	t.Setenv("SANDBOXD_LISTEN", "127.0.0.1:2222")
+	t.Setenv("SANDBOXD_DATA_DIR", envDir)
+	if c, err = Load(Overrides{}); err != nil {
+		t.Fatal(err)
+	}
+	if c.Listen != "127.0.0.1:2222" || c.DataDir != envDir {
+		t.Errorf("env: %s %s", c.Listen, c.DataDir)
+	}
+
+	// flags > env
+	flagDir := t.TempDir()
+	if c, err = Load(Overrides{Listen: "127.0.0.1:3333", DataDir: flagDir}); err != nil {
+		t.Fatal(err)
+	}
+	if c.Listen != "127.0.0.1:3333" || c.DataDir != flagDir {
+		t.Errorf("flags: %s %s", c.Listen, c.DataDir)
+	}
+
+	// A relative data dir is made absolute.
+	if c, err = Load(Overrides{DataDir: "rel/dir"}); err != nil {
+		t.Fatal(err)
+	}
+	if !filepath.IsAbs(c.DataDir) || !strings.HasSuffix(c.DataDir, "rel/dir") {
+		t.Errorf("relative dataDir -> %q", c.DataDir)
+	}
+}
+
+func TestLoadConfigErrors(t *testing.T) {
+	clearConfigEnv(t)
+	cases := map[string]struct {
+		yaml, want string
+	}{
+		"unknown top key":    {"listn: 127.0.0.1:1\n", "listn"},
+		"unknown nested key": {"limits:\n  maxBody: 5\n", "maxBody"},
+		"bad listen":         {"listen: nowhere\n", "listen"},
+		"relative cache":     {"image:\n  cacheDir: cache\n", "cacheDir"},
+		"bad mirror":         {"image:\n  mirror: ftp://x\n", "mirror"},
+		"bad proxy":          {"trustedProxies: [not-an-ip]\n", "trustedProxies"},
+		"limits":             {"limits:\n  maxBodyBytes: 10\n", "limits"},
+		"timeouts":           {"limits:\n  execDefaultTimeoutMs: 10\n  execMaxTimeoutMs: 5\n", "limits"},
+		"api conns":          {"limits:\n  maxAPIConns: -1\n", "limits"},
+		"api idle":           {"limits:\n  apiIdleSeconds: 0\n", "limits"},
+		"bad yaml":           {"listen: [\n", "yaml"},
+	}
+	for name, c := range cases {
+		_, err := Load(Overrides{ConfigFile: writeTempFile(t, "c.yaml", c.yaml)})
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: LoadConfig = %v, want error containing %q", name, err, c.want)
+		}
+	}
+	if _, err := Load(Overrides{ConfigFile: filepath.Join(t.TempDir(), "missing.yaml")}); err == nil {
+		t.Error("missing config file: no error")
+	}
+	// An empty file changes nothing.
+	c, err := Load(Overrides{ConfigFile: writeTempFile(t, "empty.yaml", "")})
+	if err != nil || c.Listen != "127.0.0.1:8080" {
+		t.Errorf("empty file: %+v %v", c, err)
+	}
+	// A listen override that is not host:port is rejected even from a flag.
+	if _, err := Load(Overrides{Listen: "8080"}); err == nil {
+		t.Error("listen 8080: no error")
+	}
+}
+
+func TestResourcePrefix(t *testing.T) {
+	a, b := ResourcePrefix("/var/lib/a"), ResourcePrefix("/var/lib/b")
+	if a == b || len(a) != 9 || !strings.HasPrefix(a, "sbx") || a != ResourcePrefix("/var/lib/a") {
+		t.Errorf("ResourcePrefix: %q %q", a, b)
+	}
+}
