@@ -13,9 +13,9 @@ import (
 	"time"
 
 	"github.com/gin-gonic/gin"
-	"github.com/gorilla/websocket"
 
 	"sandboxd/store"
+	"sandboxd/streams"
 )
 
 // A session's log is its gVisor kernel's own output (warnings, unsupported
@@ -286,15 +286,12 @@ func (s *Server) logsWS(c *gin.Context) {
 	}
 	s.met.wsConns.Inc()
 	defer s.met.wsConns.Dec()
-	conn.SetReadLimit(4096)
-	w := newWSConn(conn)
-	go w.writer()
+	w := streams.NewWSConn(conn, 4096)
+	go w.Run()
 	go func() { // the one reader: pongs and close
-		defer w.close()
-		conn.SetReadDeadline(time.Now().Add(wsPongWait))
-		conn.SetPongHandler(func(string) error { return conn.SetReadDeadline(time.Now().Add(wsPongWait)) })
+		defer w.Close()
 		for {
-			if _, _, err := conn.NextReader(); err != nil {
+			if _, _, err := w.Read(); err != nil {
 				return
 			}
 		}
@@ -303,17 +300,17 @@ func (s *Server) logsWS(c *gin.Context) {
 	history, ch := sl.subscribe()
 	defer sl.unsubscribe(ch)
 	for _, e := range history {
-		if !w.send(websocket.TextMessage, e) {
+		if !w.SendText(e) {
 			return
 		}
 	}
 	for {
 		select {
 		case e := <-ch:
-			if !w.send(websocket.TextMessage, e) {
+			if !w.SendText(e) {
 				return
 			}
-		case <-w.done:
+		case <-w.Done():
 			return
 		}
 	}

@@ -24,9 +24,6 @@ import (
 
 const (
 	wsReadLimit    = 1 << 20
-	wsPongWait     = 60 * time.Second
-	wsPingEvery    = 20 * time.Second
-	wsWriteWait    = 10 * time.Second
 	wsSubprotocol  = "sandboxd"
 	bearerProtoPfx = "bearer."
 )
@@ -78,73 +75,6 @@ type wsControl struct {
 	Cols   uint16 `json:"cols"`
 	Rows   uint16 `json:"rows"`
 	Signal string `json:"signal"`
-}
-
-// wsConn serializes writes to one WebSocket (one writer goroutine owns it;
-// others hand it messages).
-type wsConn struct {
-	c    *websocket.Conn
-	out  chan wsMsg
-	done chan struct{}
-	once sync.Once
-}
-
-type wsMsg struct {
-	typ  int
-	data []byte
-}
-
-func newWSConn(c *websocket.Conn) *wsConn {
-	return &wsConn{c: c, out: make(chan wsMsg, 64), done: make(chan struct{})}
-}
-
-func (w *wsConn) close() { w.once.Do(func() { close(w.done) }) }
-
-func (w *wsConn) send(typ int, data []byte) bool {
-	select {
-	case w.out <- wsMsg{typ, data}:
-		return true
-	case <-w.done:
-		return false
-	}
-}
-
-func (w *wsConn) sendJSON(v any) bool {
-	b, _ := json.Marshal(v)
-	return w.send(websocket.TextMessage, b)
-}
-
-// writer is the only goroutine writing to the socket: messages, pings.
-func (w *wsConn) writer() {
-	ping := time.NewTicker(wsPingEvery)
-	defer ping.Stop()
-	defer w.c.Close()
-	for {
-		select {
-		case m := <-w.out:
-			w.c.SetWriteDeadline(time.Now().Add(wsWriteWait))
-			if err := w.c.WriteMessage(m.typ, m.data); err != nil {
-				w.close()
-				return
-			}
-			if m.typ == websocket.CloseMessage {
-				w.close()
-				return
-			}
-		case <-ping.C:
-			if err := w.c.WriteControl(websocket.PingMessage, nil, time.Now().Add(wsWriteWait)); err != nil {
-				w.close()
-				return
-			}
-		case <-w.done:
-			w.c.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""), time.Now().Add(time.Second))
-			return
-		}
-	}
-}
-
-func (w *wsConn) closeWith(code int, reason string) {
-	w.send(websocket.CloseMessage, websocket.FormatCloseMessage(code, reason))
 }
 
 // wsSession checks a WebSocket request (the session, an upgrade, the
@@ -220,9 +150,8 @@ func (s *Server) terminalWS(c *gin.Context) {
 	}
 	s.met.wsConns.Inc()
 	defer s.met.wsConns.Dec()
-	conn.SetReadLimit(wsReadLimit)
-	w := newWSConn(conn)
-	go w.writer()
+	w := streams.NewWSConn(conn, wsReadLimit)
+	go w.Run()
 	var proc Process
 	if term == nil {
 		args := []string{"/bin/bash", "-l"}
@@ -247,9 +176,9 @@ func (s *Server) terminalWS(c *gin.Context) {
 		cancel()
 		if err != nil {
 			s.log.Warn("start process", "session", ses.SessionID, "err", err)
-			w.sendJSON(map[string]any{"type": "error", "code": "conflict", "message": "could not start the process: " + agentMessage(err)})
-			w.closeWith(websocket.CloseInternalServerErr, "start failed")
-			<-w.done
+			w.SendJSON(map[string]any{"type": "error", "code": "conflict", "message": "could not start the process: " + agentMessage(err)})
+			w.CloseWith(streams.CloseInternalError, "start failed")
+			<-w.Done()
 			return
 		}
 		shown := clip(string(set.Redact([]byte(command))), 256) // redact before cutting
@@ -263,10 +192,10 @@ func (s *Server) terminalWS(c *gin.Context) {
 	auditDetail(c, "tty", tty)
 	if term != nil {
 		auditDetail(c, "terminalId", term.id)
-		s.serveTerminal(w, conn, term)
+		s.serveTerminal(w, term)
 		return
 	}
-	s.serveExecStream(w, conn, proc, set)
+	s.serveExecStream(w, proc, set)
 }
 
 const maxTerminalsPerSession = 16
@@ -324,11 +253,11 @@ func agentMessage(err error) string {
 
 // serveTerminal attaches a socket to a PTY: replay, then live output; input
 // and control messages go to the PTY. The PTY outlives the socket.
-func (s *Server) serveTerminal(w *wsConn, conn *websocket.Conn, t *terminal) {
+func (s *Server) serveTerminal(w *streams.WSConn, t *terminal) {
 	v, _ := t.hub.Attach()
 	defer t.hub.Detach(v)
-	w.sendJSON(map[string]any{"type": "ready", "terminalId": t.id})
-	go s.readControl(w, conn, true, func(data []byte) error { return t.writeStdin(data) }, t.proc)
+	w.SendJSON(map[string]any{"type": "ready", "terminalId": t.id})
+	go s.readControl(w, true, func(data []byte) error { return t.writeStdin(data) }, t.proc)
 	for {
 		select {
 		case chunk, ok := <-v.C:
@@ -336,19 +265,19 @@ func (s *Server) serveTerminal(w *wsConn, conn *websocket.Conn, t *terminal) {
 				switch {
 				case errors.Is(v.Err(), streams.ErrClosed):
 					<-t.done
-					w.sendJSON(map[string]any{"type": "exit", "exitCode": t.exit.Code, "signal": t.exit.Signal})
-					w.closeWith(websocket.CloseNormalClosure, "exit")
+					w.SendJSON(map[string]any{"type": "exit", "exitCode": t.exit.Code, "signal": t.exit.Signal})
+					w.CloseWith(streams.CloseNormal, "exit")
 				case errors.Is(v.Err(), streams.ErrSlowViewer):
 					s.log.Warn("terminal viewer dropped: too slow", "terminal", t.id)
-					w.sendJSON(map[string]any{"type": "error", "code": "slow_client", "message": "output queue full; reconnect with terminalId to resume"})
-					w.closeWith(websocket.ClosePolicyViolation, "slow client")
+					w.SendJSON(map[string]any{"type": "error", "code": "slow_client", "message": "output queue full; reconnect with terminalId to resume"})
+					w.CloseWith(streams.ClosePolicy, "slow client")
 				}
 				return
 			}
-			if !w.send(websocket.BinaryMessage, chunk) {
+			if !w.SendBinary(chunk) {
 				return
 			}
-		case <-w.done:
+		case <-w.Done():
 			return
 		}
 	}
@@ -357,17 +286,14 @@ func (s *Server) serveTerminal(w *wsConn, conn *websocket.Conn, t *terminal) {
 // readControl is the socket's one reader: stdin bytes and JSON controls.
 var ttySignalChars = map[string]byte{"SIGINT": 0x03, "SIGQUIT": 0x1c, "SIGTSTP": 0x1a}
 
-func (s *Server) readControl(w *wsConn, conn *websocket.Conn, tty bool, stdin func([]byte) error, p Process) {
-	defer w.close()
-	conn.SetReadDeadline(time.Now().Add(wsPongWait))
-	conn.SetPongHandler(func(string) error { return conn.SetReadDeadline(time.Now().Add(wsPongWait)) })
+func (s *Server) readControl(w *streams.WSConn, tty bool, stdin func([]byte) error, p Process) {
+	defer w.Close()
 	for {
-		typ, data, err := conn.ReadMessage()
+		binary, data, err := w.Read()
 		if err != nil {
 			return
 		}
-		conn.SetReadDeadline(time.Now().Add(wsPongWait))
-		if typ == websocket.BinaryMessage {
+		if binary {
 			if stdin(data) != nil {
 				return
 			}
@@ -375,7 +301,7 @@ func (s *Server) readControl(w *wsConn, conn *websocket.Conn, tty bool, stdin fu
 		}
 		var m wsControl
 		if json.Unmarshal(data, &m) != nil {
-			w.sendJSON(map[string]any{"type": "error", "code": "invalid_request", "message": "text messages must be JSON controls"})
+			w.SendJSON(map[string]any{"type": "error", "code": "invalid_request", "message": "text messages must be JSON controls"})
 			continue
 		}
 		switch m.Type {
@@ -385,7 +311,7 @@ func (s *Server) readControl(w *wsConn, conn *websocket.Conn, tty bool, stdin fu
 			}
 		case "resize":
 			if m.Cols < 1 || m.Rows < 1 || m.Cols > 1000 || m.Rows > 1000 {
-				w.sendJSON(map[string]any{"type": "error", "code": "invalid_request", "message": "resize: cols and rows must be 1-1000"})
+				w.SendJSON(map[string]any{"type": "error", "code": "invalid_request", "message": "resize: cols and rows must be 1-1000"})
 				continue
 			}
 			p.Resize(m.Cols, m.Rows)
@@ -402,14 +328,14 @@ func (s *Server) readControl(w *wsConn, conn *websocket.Conn, tty bool, stdin fu
 			case "SIGINT", "SIGTERM", "SIGKILL", "SIGHUP", "SIGQUIT", "SIGTSTP", "SIGCONT", "SIGUSR1", "SIGUSR2", "SIGWINCH":
 				p.Signal(m.Signal, true)
 			default:
-				w.sendJSON(map[string]any{"type": "error", "code": "invalid_request", "message": "signal: unsupported"})
+				w.SendJSON(map[string]any{"type": "error", "code": "invalid_request", "message": "signal: unsupported"})
 			}
 		case "close_stdin":
 			if in := p.Stdin(); in != nil {
 				in.Close()
 			}
 		default:
-			w.sendJSON(map[string]any{"type": "error", "code": "invalid_request", "message": "unknown message type"})
+			w.SendJSON(map[string]any{"type": "error", "code": "invalid_request", "message": "unknown message type"})
 		}
 	}
 }
@@ -417,10 +343,10 @@ func (s *Server) readControl(w *wsConn, conn *websocket.Conn, tty bool, stdin fu
 // serveExecStream runs one command without a PTY: frames prefixed by 1
 // (stdout) or 2 (stderr), then the exit event. Backpressure instead of
 // dropping: a big burst arrives complete and in order.
-func (s *Server) serveExecStream(w *wsConn, conn *websocket.Conn, p Process, set *scrub.Set) {
+func (s *Server) serveExecStream(w *streams.WSConn, p Process, set *scrub.Set) {
 	defer p.Close()
-	w.sendJSON(map[string]any{"type": "ready"})
-	go s.readControl(w, conn, false, func(data []byte) error {
+	w.SendJSON(map[string]any{"type": "ready"})
+	go s.readControl(w, false, func(data []byte) error {
 		if in := p.Stdin(); in != nil {
 			_, err := in.Write(data)
 			return err
@@ -448,16 +374,16 @@ func (s *Server) serveExecStream(w *wsConn, conn *websocket.Conn, p Process, set
 	}()
 	select {
 	case e := <-exitc:
-		w.sendJSON(map[string]any{"type": "exit", "exitCode": e.Code, "signal": e.Signal})
-		w.closeWith(websocket.CloseNormalClosure, "exit")
-		<-w.done
-	case <-w.done: // the client went away: Close kills the process group
+		w.SendJSON(map[string]any{"type": "exit", "exitCode": e.Code, "signal": e.Signal})
+		w.CloseWith(streams.CloseNormal, "exit")
+		<-w.Done()
+	case <-w.Done(): // the client went away: Close kills the process group
 	}
 }
 
 // frameWriter sends each write as one binary frame with a stream tag.
 type frameWriter struct {
-	w   *wsConn
+	w   *streams.WSConn
 	tag byte
 }
 
@@ -467,7 +393,7 @@ func (f frameWriter) Write(p []byte) (int, error) {
 		frame := make([]byte, n+1)
 		frame[0] = f.tag
 		copy(frame[1:], p[:n])
-		if !f.w.send(websocket.BinaryMessage, frame) {
+		if !f.w.SendBinary(frame) {
 			return 0, io.ErrClosedPipe
 		}
 		p = p[n:]
