@@ -34,7 +34,15 @@ type DirectProcess struct {
 }
 
 // StartDirect starts s (TTY must be false) with runsc exec.
-func (r *Runtime) StartDirect(ctx context.Context, id string, s agent.Spec) (*DirectProcess, error) {
+func (r *Runtime) StartDirect(ctx context.Context, id string, s agent.Spec) (Process, error) {
+	p, err := r.startDirect(id, s)
+	if err != nil {
+		return nil, err // never a typed nil
+	}
+	return p, nil
+}
+
+func (r *Runtime) startDirect(id string, s agent.Spec) (*DirectProcess, error) {
 	if s.TTY {
 		return nil, errors.New("direct processes have no PTY")
 	}

@@ -173,12 +173,71 @@ func mountsUnder(dir string) []string {
 // ErrNoDisk is returned for a sandbox id without a saved disk.
 var ErrNoDisk = errors.New("sandbox has no disk")
 
-// MountWorkspaceReadOnly gives the server read access to the workspace of a
+// OpenWorkspace opens the host directory that backs a sandbox's
+// /workspace, for fd-relative access (the sandbox user owns everything
+// below it, so callers never open a host path beneath it). With readOnly
+// false the sandbox's disk must be mounted (a running sandbox); with
+// readOnly true a saved disk is mounted read-only for the call (see
+// mountWorkspaceReadOnly) unless it is mounted already. The file's name is
+// the directory's host path. release closes it and undoes a read-only
+// mount; callers hold the session's lock until release returns.
+// ErrNoDisk: the sandbox has no saved disk.
+func (r *Runtime) OpenWorkspace(id string, readOnly bool) (dir *os.File, release func() error, err error) {
+	if !r.Owns(id) {
+		return nil, nil, fmt.Errorf("container id %q not made by this runtime", id)
+	}
+	unmount := func() error { return nil }
+	if readOnly {
+		if unmount, err = r.mountWorkspaceReadOnly(id); err != nil {
+			return nil, nil, err
+		}
+	}
+	dir, err = openMountedWorkspace(filepath.Join(r.dir(id), "disk"))
+	if err != nil {
+		if uerr := unmount(); uerr != nil {
+			r.log.Error("release read-only workspace", "id", id, "err", uerr)
+		}
+		return nil, nil, err
+	}
+	return dir, func() error {
+		dir.Close()
+		return unmount()
+	}, nil
+}
+
+// openMountedWorkspace opens disk/workspace, checking that disk is a mount
+// (an unmounted disk/ is an empty host directory) and following nothing.
+func openMountedWorkspace(disk string) (*os.File, error) {
+	pfd, err := unix.Open(disk, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open disk: %w", err)
+	}
+	defer unix.Close(pfd)
+	var dst, pst unix.Stat_t
+	if err := unix.Fstat(pfd, &dst); err != nil {
+		return nil, err
+	}
+	if err := unix.Lstat(filepath.Dir(disk), &pst); err != nil {
+		return nil, err
+	}
+	if dst.Dev == pst.Dev {
+		return nil, errors.New("the sandbox's disk is not mounted")
+	}
+	fd, err := unix.Openat2(pfd, "workspace", &unix.OpenHow{
+		Flags:   unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC,
+		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("open workspace: %w", err)
+	}
+	return os.NewFile(uintptr(fd), filepath.Join(disk, "workspace")), nil
+}
+
+// mountWorkspaceReadOnly gives the server read access to the workspace of a
 // sandbox that is not running (stopped or failed): it loop-mounts disk.img
 // read-only (ro,noload: not even the journal is replayed; nosuid, nodev,
 // noexec) at disk/, a private (0700) directory of the sandbox dir, and
-// returns the host directory backing /workspace and a release func that
-// unmounts it again. disk/ is the mount point Destroy unmounts, so a mount
+// returns a release func that unmounts it again. disk/ is the mount point Destroy unmounts, so a mount
 // left by a crash is removed by Collect at the next start like any other
 // leftover. If the disk is mounted already (a sandbox whose teardown has not
 // released it), that mount is used and release does nothing.
@@ -186,31 +245,27 @@ var ErrNoDisk = errors.New("sandbox has no disk")
 // Callers hold the session's lock from before the call until release
 // returns: the image must never be mounted twice at once, and nothing else
 // may mount it meanwhile.
-func (r *Runtime) MountWorkspaceReadOnly(id string) (workspace string, release func() error, err error) {
-	if !r.Owns(id) {
-		return "", nil, fmt.Errorf("container id %q not made by this runtime", id)
-	}
+func (r *Runtime) mountWorkspaceReadOnly(id string) (release func() error, err error) {
 	d := r.dir(id)
 	mnt := filepath.Join(d, "disk")
-	workspace = filepath.Join(mnt, "workspace")
 	if isMountPoint(mnt) {
-		return workspace, func() error { return nil }, nil
+		return func() error { return nil }, nil
 	}
 	img := filepath.Join(d, "disk.img")
 	if st, err := os.Lstat(img); err != nil || !st.Mode().IsRegular() {
-		return "", nil, ErrNoDisk
+		return nil, ErrNoDisk
 	}
 	if err := os.Mkdir(mnt, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
-		return "", nil, fmt.Errorf("read-only mount point: %w", err)
+		return nil, fmt.Errorf("read-only mount point: %w", err)
 	}
 	if err := os.Chmod(mnt, 0o700); err != nil {
-		return "", nil, err
+		return nil, err
 	}
 	// mount(8) attaches a read-only loop device with autoclear: unmounting
 	// frees it.
 	if out, err := exec.Command("mount", "-t", "ext4", "-o", "ro,noload,nosuid,nodev,noexec,loop", img, mnt).CombinedOutput(); err != nil {
 		os.Remove(mnt)
-		return "", nil, fmt.Errorf("mount disk read-only: %v: %s", err, strings.TrimSpace(string(out)))
+		return nil, fmt.Errorf("mount disk read-only: %v: %s", err, strings.TrimSpace(string(out)))
 	}
 	release = func() error {
 		if err := unmount(mnt); err != nil {
@@ -222,5 +277,5 @@ func (r *Runtime) MountWorkspaceReadOnly(id string) (workspace string, release f
 		os.Remove(mnt) // empty again; Create makes it when the sandbox starts
 		return nil
 	}
-	return workspace, release, nil
+	return release, nil
 }

@@ -69,13 +69,16 @@ func (r *Runtime) Agent(id string) *agent.Client {
 
 // Start starts a process (a PTY or a stream) through the sandbox's agent,
 // waiting up to 3 s for an agent that is still coming up.
-func (r *Runtime) Start(ctx context.Context, id string, s agent.Spec) (*agent.Process, error) {
+func (r *Runtime) Start(ctx context.Context, id string, s agent.Spec) (Process, error) {
 	deadline := time.Now().Add(3 * time.Second)
 	for {
 		p, err := r.Agent(id).Start(ctx, s)
+		if err == nil {
+			return p, nil
+		}
 		var ae *agent.AgentError
-		if err == nil || errors.As(err, &ae) || time.Now().After(deadline) || ctx.Err() != nil {
-			return p, err
+		if errors.As(err, &ae) || time.Now().After(deadline) || ctx.Err() != nil {
+			return nil, err // never a typed nil
 		}
 		time.Sleep(5 * time.Millisecond)
 	}

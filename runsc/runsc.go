@@ -114,11 +114,6 @@ func (r *Runtime) Owns(id string) bool {
 
 func (r *Runtime) dir(id string) string { return filepath.Join(r.cfg.StateDir, "sandboxes", id) }
 
-// WorkspaceDir is the host directory that backs /workspace while the
-// sandbox's disk is mounted.
-func (r *Runtime) WorkspaceDir(id string) string {
-	return filepath.Join(r.dir(id), "disk", "workspace")
-}
 
 // globalArgs are the runsc flags every invocation shares.
 func (r *Runtime) globalArgs() []string {

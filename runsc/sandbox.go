@@ -32,7 +32,8 @@ type State struct {
 	OOMKills int64 // OOM kills recorded by the sandbox's memory cgroup
 }
 
-// undoStack runs registered undo steps in reverse order unless disarmed.
+// undoStack runs registered undo steps in reverse order (Create runs it
+// when it fails).
 type undoStack []func()
 
 func (u *undoStack) push(f func()) { *u = append(*u, f) }
@@ -166,10 +167,18 @@ func lastLine(path string) string {
 	return s
 }
 
+// DestroyOpts says what Destroy keeps.
+type DestroyOpts struct {
+	// KeepDisk keeps disk.img, the saved workspace (the sandbox's writable
+	// state: /workspace, /tmp, the root layer), for a later Create with the
+	// same id. It is the one place a saved workspace lives today; an
+	// archive (e.g. S3-compatible) would take it from here.
+	KeepDisk bool
+}
+
 // Destroy stops and removes a sandbox. It is idempotent and keeps going after
-// a failed step; keepDisk keeps disk.img (the sandbox's writable state) for a
-// later Create with the same id.
-func (r *Runtime) Destroy(ctx context.Context, id string, keepDisk bool) error {
+// a failed step.
+func (r *Runtime) Destroy(ctx context.Context, id string, o DestroyOpts) error {
 	if !r.Owns(id) {
 		return fmt.Errorf("container id %q not made by this runtime", id)
 	}
@@ -196,7 +205,7 @@ func (r *Runtime) Destroy(ctx context.Context, id string, keepDisk bool) error {
 		errs = append(errs, err)
 		return errors.Join(errs...) // never delete through a live mount
 	}
-	if keepDisk {
+	if o.KeepDisk {
 		for _, name := range []string{"config.json", "sandbox.pid", "rootfs", "disk", "exec", "run"} {
 			p := filepath.Join(d, name)
 			if err := os.RemoveAll(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -321,7 +330,7 @@ func (r *Runtime) Collect(ctx context.Context, keep map[string]bool) []string {
 		if keep[id] || !r.Owns(id) {
 			continue
 		}
-		if err := r.Destroy(ctx, id, true); err != nil {
+		if err := r.Destroy(ctx, id, DestroyOpts{KeepDisk: true}); err != nil {
 			r.log.Warn("collect leftover sandbox", "id", id, "err", err)
 			continue
 		}
@@ -330,8 +339,3 @@ func (r *Runtime) Collect(ctx context.Context, keep map[string]bool) []string {
 	return collected
 }
 
-// DiskExists reports whether a sandbox id has a saved disk.
-func (r *Runtime) DiskExists(id string) bool {
-	_, err := os.Stat(filepath.Join(r.dir(id), "disk.img"))
-	return err == nil
-}

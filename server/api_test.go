@@ -79,10 +79,10 @@ func (f *fakeRuntime) Create(ctx context.Context, sb runsc.Sandbox) error {
 	return os.WriteFile(filepath.Join(ws, "README"), []byte("hello"), 0o644)
 }
 
-func (f *fakeRuntime) Destroy(ctx context.Context, id string, keepDisk bool) error {
+func (f *fakeRuntime) Destroy(ctx context.Context, id string, o runsc.DestroyOpts) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.calls = append(f.calls, fmt.Sprintf("destroy %s keep=%v", id, keepDisk))
+	f.calls = append(f.calls, fmt.Sprintf("destroy %s keep=%v", id, o.KeepDisk))
 	return f.destroyErr
 }
 
@@ -97,8 +97,6 @@ func (f *fakeRuntime) Inspect(ctx context.Context, id string) (runsc.State, erro
 	}
 	return st, nil
 }
-
-func (f *fakeRuntime) List(ctx context.Context) ([]runsc.State, error) { return nil, nil }
 
 func (f *fakeRuntime) Exec(ctx context.Context, id string, req runsc.ExecRequest) (runsc.ExecResult, error) {
 	f.mu.Lock()
@@ -115,7 +113,21 @@ func (f *fakeRuntime) Exec(ctx context.Context, id string, req runsc.ExecRequest
 
 func (f *fakeRuntime) Collect(ctx context.Context, keep map[string]bool) []string { return nil }
 
-func (f *fakeRuntime) WorkspaceDir(id string) string { return filepath.Join(f.wsRoot, id) }
+// OpenWorkspace opens the fake sandbox's workspace, a plain directory.
+func (f *fakeRuntime) OpenWorkspace(id string, readOnly bool) (*os.File, func() error, error) {
+	d, err := os.Open(filepath.Join(f.wsRoot, id))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil, runsc.ErrNoDisk
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	return d, d.Close, nil
+}
+
+func (f *fakeRuntime) KernelLog(id string) string { return filepath.Join(f.wsRoot, id+".kernel.log") }
+
+func (f *fakeRuntime) ReleaseIdle() {}
 
 func (f *fakeRuntime) KillAll(ctx context.Context, id string) error {
 	f.record("killall " + id)
@@ -129,12 +141,12 @@ func (f *fakeRuntime) ListenProxy(id string) (net.Listener, error) {
 	return net.Listen("tcp", "127.0.0.1:0")
 }
 
-func (f *fakeRuntime) StartDirect(ctx context.Context, id string, s agent.Spec) (*runsc.DirectProcess, error) {
+func (f *fakeRuntime) StartDirect(ctx context.Context, id string, s agent.Spec) (runsc.Process, error) {
 	f.record("startdirect " + id)
 	return nil, errors.New("no runsc in the fake runtime")
 }
 
-func (f *fakeRuntime) Start(ctx context.Context, id string, s agent.Spec) (*agent.Process, error) {
+func (f *fakeRuntime) Start(ctx context.Context, id string, s agent.Spec) (runsc.Process, error) {
 	f.record("start " + id)
 	return nil, &agent.AgentError{Message: "no agent in the fake runtime"}
 }

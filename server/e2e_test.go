@@ -83,13 +83,13 @@ func assertNoLeftovers(t testing.TB, cfg *config.Config) {
 	ctx := context.Background()
 	if sts, _ := rt.List(ctx); len(sts) > 0 {
 		for _, s := range sts {
-			rt.Destroy(ctx, s.ID, false)
+			rt.Destroy(ctx, s.ID, runsc.DestroyOpts{})
 		}
 	}
 	rt.Collect(ctx, nil)
 	ents, _ := os.ReadDir(filepath.Join(cfg.DataDir, "sandboxes"))
 	for _, e := range ents {
-		if err := rt.Destroy(ctx, e.Name(), false); err != nil {
+		if err := rt.Destroy(ctx, e.Name(), runsc.DestroyOpts{}); err != nil {
 			t.Errorf("destroy %s: %v", e.Name(), err)
 		}
 	}
@@ -449,7 +449,7 @@ except OSError as e:
 			t.Fatalf("%s", b)
 		}
 		cid := h.s.rt.ContainerID(o.OrgID, "s1")
-		if !h.s.rt.(*runsc.Runtime).DiskExists(cid) {
+		if !diskExists(h.cfg, cid) {
 			t.Fatal("disk not kept")
 		}
 		if code, _ := h.call(h.token, "POST", "/v1/sandbox/s1/teardown", nil); code != 200 {
@@ -458,7 +458,7 @@ except OSError as e:
 		if code, _ := h.call(h.token, "DELETE", "/v1/sandbox/s1", nil); code != 204 {
 			t.Fatalf("delete: %d", code)
 		}
-		if h.s.rt.(*runsc.Runtime).DiskExists(cid) {
+		if diskExists(h.cfg, cid) {
 			t.Fatal("disk kept after delete")
 		}
 		if code, _ := h.call(h.token, "GET", "/v1/sandbox/s1", nil); code != 404 {
@@ -678,4 +678,10 @@ func TestRealDataDirLock(t *testing.T) {
 		t.Fatalf("after the first stopped: %v", err)
 	}
 	s2.Close()
+}
+
+// diskExists reports whether a sandbox has a saved disk.img.
+func diskExists(cfg *config.Config, id string) bool {
+	_, err := os.Stat(filepath.Join(cfg.DataDir, "sandboxes", id, "disk.img"))
+	return err == nil
 }

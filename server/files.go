@@ -77,12 +77,6 @@ type artifact struct {
 	SHA256     string    `json:"sha256"`
 }
 
-// workspaceMounter is the runtime's read-only access to a saved disk
-// (runsc.Runtime.MountWorkspaceReadOnly).
-type workspaceMounter interface {
-	MountWorkspaceReadOnly(id string) (string, func() error, error)
-}
-
 // withWorkspace runs fn with a descriptor of the session's workspace, under
 // the session's lock, the I/O deadline set. A running session's mounted disk
 // is used; a stopped or failed one's saved disk is mounted read-only for
@@ -110,10 +104,9 @@ func (s *Server) withWorkspace(c *gin.Context, write bool, fn func(ses *store.Se
 			rc.SetReadDeadline(time.Time{})
 		}
 	}()
-	var dir string
+	readOnly := false
 	switch {
 	case cur.Status == store.StatusRunning:
-		dir = s.rt.WorkspaceDir(cur.ContainerID)
 		// File use is use: it keeps the session from its idle timeout.
 		end, _ := s.sb.begin(cur.ID, 0)
 		defer end()
@@ -121,36 +114,26 @@ func (s *Server) withWorkspace(c *gin.Context, write bool, fn func(ses *store.Se
 		s.writeError(c, errdefs.Conflict("session is %s; files can be written only in a running session", cur.Status))
 		return
 	case cur.Status == store.StatusStopped || cur.Status == store.StatusFailed:
-		m, ok := s.rt.(workspaceMounter)
-		if !ok {
-			s.writeError(c, errdefs.Conflict("session is %s; this runtime cannot read saved workspaces", cur.Status))
-			return
-		}
-		d, release, err := m.MountWorkspaceReadOnly(cur.ContainerID)
-		if errors.Is(err, runsc.ErrNoDisk) {
-			s.writeError(c, errdefs.NotFound("the session has no saved workspace"))
-			return
-		}
-		if err != nil {
-			s.writeError(c, err)
-			return
-		}
-		defer func() {
-			if err := release(); err != nil {
-				s.log.Error("release read-only workspace", "session", cur.SessionID, "err", err)
-			}
-		}()
-		dir = d
+		readOnly = true
 	default:
 		s.writeError(c, errdefs.Conflict("session is %s; files are available while it runs and after teardown", cur.Status))
 		return
 	}
-	wsfd, err := openWorkspaceDir(dir)
+	dir, release, err := s.rt.OpenWorkspace(cur.ContainerID, readOnly)
+	if errors.Is(err, runsc.ErrNoDisk) {
+		s.writeError(c, errdefs.NotFound("the session has no saved workspace"))
+		return
+	}
 	if err != nil {
 		s.writeError(c, err)
 		return
 	}
-	defer unix.Close(wsfd)
+	defer func() {
+		if err := release(); err != nil {
+			s.log.Error("release workspace", "session", cur.SessionID, "err", err)
+		}
+	}()
+	wsfd := int(dir.Fd())
 	fn(&cur, wsfd, s.sessionScrubber(cur.ID))
 }
 

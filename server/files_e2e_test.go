@@ -380,7 +380,7 @@ python3 -c 'import socket; s=socket.socket(socket.AF_UNIX); s.bind("/workspace/e
 		}
 		// gVisor keeps FIFOs and sockets made inside to itself; a disk can
 		// still hold real ones (made on the host here).
-		ws := h.s.rt.WorkspaceDir(h.s.rt.ContainerID(orgOf(t, h), "f1"))
+		ws := filepath.Join(cfg.DataDir, "sandboxes", h.s.rt.ContainerID(orgOf(t, h), "f1"), "disk", "workspace")
 		if err := unix.Mkfifo(filepath.Join(ws, "esc", "hostfifo"), 0o666); err != nil {
 			t.Fatal(err)
 		}
@@ -730,10 +730,11 @@ for i in range(3000): open('%04d' % i + '<' * 240, 'w').close()"`)
 		// crash) is what Collect removes at the next start.
 		rt := h.s.rt.(*runsc.Runtime)
 		cid := rt.ContainerID(orgOf(t, h), "f1")
-		ws, release, err := rt.MountWorkspaceReadOnly(cid)
+		dir, release, err := rt.OpenWorkspace(cid, true)
 		if err != nil {
 			t.Fatal(err)
 		}
+		ws := dir.Name()
 		if _, err := os.Stat(filepath.Join(ws, "out", "report.txt")); err != nil {
 			t.Fatal(err)
 		}
@@ -756,7 +757,7 @@ for i in range(3000): open('%04d' % i + '<' * 240, 'w').close()"`)
 			t.Fatalf("Collect left mounts: %v", m)
 		}
 		release() // nothing left to release
-		if !rt.DiskExists(cid) {
+		if _, err := os.Stat(filepath.Join(cfg.DataDir, "sandboxes", cid, "disk.img")); err != nil {
 			t.Fatal("Collect removed the disk")
 		}
 		// The disk was released: the session resumes on it.

@@ -262,7 +262,7 @@ func (m *manager) start(ses *store.Session, size config.Size, resumed bool) erro
 		m.s.log.Error("provision failed", "session", ses.SessionID, "container", ses.ContainerID, "resume", resumed, "err", err)
 		if created {
 			m.s.egress.Close(ses.ID)
-			m.s.rt.Destroy(context.Background(), ses.ContainerID, resumed)
+			m.s.rt.Destroy(context.Background(), ses.ContainerID, runsc.DestroyOpts{KeepDisk: resumed})
 		}
 		m.s.scrub.forget(ses.ID)
 		if resumed {
@@ -339,8 +339,11 @@ func (m *manager) teardown(ctx context.Context, ses *store.Session) (teardownRes
 	m.s.closeProcesses(ses.ID)
 	m.s.stopKernelLog(ses.ID)
 	m.s.stopEgress(ses)
-	res.WorkspaceBytes = dirBytes(m.s.rt.WorkspaceDir(ses.ContainerID))
-	if err := m.s.rt.Destroy(context.Background(), ses.ContainerID, true); err != nil {
+	if dir, release, err := m.s.rt.OpenWorkspace(ses.ContainerID, false); err == nil {
+		res.WorkspaceBytes = dirBytes(dir)
+		release()
+	}
+	if err := m.s.rt.Destroy(context.Background(), ses.ContainerID, runsc.DestroyOpts{KeepDisk: true}); err != nil {
 		m.s.log.Error("teardown", "session", ses.SessionID, "err", err)
 		return res, errdefs.Unavailable("the sandbox could not be stopped completely; retry the teardown")
 	}
@@ -360,7 +363,7 @@ func (m *manager) remove(ctx context.Context, ses *store.Session) error {
 	if ses.Status == store.StatusRunning || ses.Status == store.StatusStopping {
 		m.s.stopEgress(ses) // teardown and markDead did it for the others
 	}
-	if err := m.s.rt.Destroy(context.Background(), ses.ContainerID, false); err != nil {
+	if err := m.s.rt.Destroy(context.Background(), ses.ContainerID, runsc.DestroyOpts{}); err != nil {
 		m.s.log.Error("delete", "session", ses.SessionID, "err", err)
 		return errdefs.Unavailable("the sandbox could not be removed completely; retry the delete")
 	}
@@ -397,7 +400,7 @@ func (m *manager) markDead(ses *store.Session, reason string) {
 	m.s.event(ses, "exit", map[string]any{"reason": reason})
 	m.s.log.Warn("sandbox died", "session", ses.SessionID, "reason", reason)
 	m.auditSystem("sandbox.failed", ses, map[string]any{"reason": reason})
-	if err := m.s.rt.Destroy(context.Background(), ses.ContainerID, true); err != nil {
+	if err := m.s.rt.Destroy(context.Background(), ses.ContainerID, runsc.DestroyOpts{KeepDisk: true}); err != nil {
 		m.s.log.Error("release dead sandbox", "session", ses.SessionID, "err", err)
 	}
 }
@@ -459,17 +462,17 @@ func (m *manager) reconcile(ctx context.Context) error {
 		case store.StatusProvisioning:
 			if ses.StartedAt != nil {
 				// A resume was interrupted: back to stopped, disk kept.
-				m.s.rt.Destroy(ctx, ses.ContainerID, true)
+				m.s.rt.Destroy(ctx, ses.ContainerID, runsc.DestroyOpts{KeepDisk: true})
 				m.setStatus(ctx, ses, store.StatusStopped, ses.StatusReason)
 				m.auditSystem("sandbox.resume_undone", ses, nil)
 				continue
 			}
 			// The server stopped in the middle of a create: undo it.
-			m.s.rt.Destroy(ctx, ses.ContainerID, false)
+			m.s.rt.Destroy(ctx, ses.ContainerID, runsc.DestroyOpts{})
 			m.s.db.DeleteSessionRow(ctx, ses.ID)
 			m.auditSystem("sandbox.provision_undone", ses, nil)
 		case store.StatusStopping:
-			m.s.rt.Destroy(ctx, ses.ContainerID, true)
+			m.s.rt.Destroy(ctx, ses.ContainerID, runsc.DestroyOpts{KeepDisk: true})
 			m.setStatus(ctx, ses, store.StatusStopped, ses.StatusReason)
 			m.auditSystem("sandbox.teardown_finished", ses, nil)
 		}
@@ -559,9 +562,8 @@ func (m *manager) stop() {
 // and swap a directory for a symlink to the host meanwhile, so the walk
 // goes by descriptors and follows no link (openDir, wsfs.go), and stops
 // after dirBytesEntries entries or dirBytesTime.
-func dirBytes(dir string) int64 {
-	// dir's own path is the server's; what is below it is the sandbox's.
-	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+func dirBytes(dir *os.File) int64 {
+	fd, err := unix.Dup(int(dir.Fd()))
 	if err != nil {
 		return 0
 	}

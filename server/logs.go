@@ -229,10 +229,6 @@ func (s *Server) tailKernel(ctx context.Context, ses store.Session, path string)
 
 // startKernelLog starts following a running session's kernel output.
 func (s *Server) startKernelLog(ses *store.Session) {
-	kl, ok := s.rt.(interface{ KernelLog(string) string })
-	if !ok {
-		return
-	}
 	sl := s.sessionLog(ses.ID) // persisted events before the re-read kernel lines
 	sl.mu.Lock()
 	if sl.cancel != nil {
@@ -241,7 +237,7 @@ func (s *Server) startKernelLog(ses *store.Session) {
 	ctx, cancel := context.WithCancel(context.Background())
 	sl.cancel = cancel
 	sl.mu.Unlock()
-	go s.tailKernel(ctx, *ses, kl.KernelLog(ses.ContainerID))
+	go s.tailKernel(ctx, *ses, s.rt.KernelLog(ses.ContainerID))
 }
 
 // stopKernelLog stops following (the entries stay readable).

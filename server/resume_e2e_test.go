@@ -110,7 +110,7 @@ func TestRealResume(t *testing.T) {
 		t.Fatalf("after a failed resume: %+v", o)
 	}
 	cid := h.s.rt.ContainerID(o.OrgID, "rs1")
-	if !h.s.rt.(*runsc.Runtime).DiskExists(cid) {
+	if !diskExists(h.cfg, cid) {
 		t.Fatal("a failed resume lost the disk")
 	}
 	h.close()

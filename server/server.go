@@ -34,18 +34,21 @@ import (
 type Runtime interface {
 	ContainerID(orgID, sessionID string) string
 	Create(ctx context.Context, sb runsc.Sandbox) error
-	Destroy(ctx context.Context, id string, keepDisk bool) error
+	Destroy(ctx context.Context, id string, o runsc.DestroyOpts) error
 	Inspect(ctx context.Context, id string) (runsc.State, error)
-	List(ctx context.Context) ([]runsc.State, error)
 	Exec(ctx context.Context, id string, req runsc.ExecRequest) (runsc.ExecResult, error)
 	Collect(ctx context.Context, keep map[string]bool) []string
-	WorkspaceDir(id string) string
+	OpenWorkspace(id string, readOnly bool) (dir *os.File, release func() error, err error)
 	KillAll(ctx context.Context, id string) error
 	CleanExecFiles()
-	Start(ctx context.Context, id string, s agent.Spec) (*agent.Process, error)
-	StartDirect(ctx context.Context, id string, s agent.Spec) (*runsc.DirectProcess, error)
+	Start(ctx context.Context, id string, s agent.Spec) (runsc.Process, error)
+	StartDirect(ctx context.Context, id string, s agent.Spec) (runsc.Process, error)
 	ListenProxy(id string) (net.Listener, error)
+	KernelLog(id string) string
+	ReleaseIdle()
 }
+
+var _ Runtime = (*runsc.Runtime)(nil)
 
 // Server is one sandboxd instance.
 type Server struct {
@@ -225,9 +228,7 @@ func (s *Server) Close() error {
 	s.egress.Shutdown()
 	s.saveEgress()
 	err := s.db.Close()
-	if r, ok := s.rt.(interface{ ReleaseIdle() }); ok {
-		r.ReleaseIdle()
-	}
+	s.rt.ReleaseIdle()
 	if s.lock != nil {
 		s.lock.Close()
 	}

@@ -5,25 +5,17 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"io"
 	"sync"
 	"time"
 
+	"sandboxd/runsc"
 	"sandboxd/runsc/agent"
 	"sandboxd/streams"
 	"sandboxd/streams/scrub"
 )
 
-// Process is a process started in a sandbox through its agent.
-type Process interface {
-	Stdin() io.WriteCloser
-	Stdout() io.Reader
-	Stderr() io.Reader
-	Resize(cols, rows uint16) error
-	Signal(name string, group bool) error
-	Wait() (agent.Exit, error)
-	Close() error
-}
+// Process is a process started in a sandbox (runsc.Process).
+type Process = runsc.Process
 
 const (
 	terminalReplayBytes = 256 << 10
@@ -217,8 +209,6 @@ func (ts *terminals) shutdown() {
 		ts.remove(t)
 	}
 }
-
-var errNoAgent = errors.New("sandbox agent unavailable")
 
 // startCtx bounds how long starting a process may take.
 func startCtx() (context.Context, context.CancelFunc) {

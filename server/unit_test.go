@@ -507,7 +507,12 @@ func TestDirBytesFollowsNoLink(t *testing.T) {
 		}
 	}
 	os.Symlink("/usr", filepath.Join(dir, "a", "usr"))
-	n := dirBytes(dir)
+	f, err := os.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	n := dirBytes(f)
 	if n < 3*64<<10 || n > 4<<20 {
 		t.Fatalf("dirBytes = %d, want the three files' 192 KiB and their directories", n)
 	}

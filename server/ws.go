@@ -167,11 +167,11 @@ func (s *Server) terminalWS(c *gin.Context) {
 			UID: runsc.UserUID, GID: runsc.UserGID, TTY: tty, Cols: cols, Rows: rows, Stdin: true}
 		var err error
 		if tty {
-			proc, err = startAgent(s.rt.Start(ctx, ses.ContainerID, spec))
+			proc, err = s.rt.Start(ctx, ses.ContainerID, spec)
 		} else {
 			// Bulk output streams faster through runsc exec's host pipes
 			// than through the agent's socket.
-			proc, err = startDirect(s.rt.StartDirect(ctx, ses.ContainerID, spec))
+			proc, err = s.rt.StartDirect(ctx, ses.ContainerID, spec)
 		}
 		cancel()
 		if err != nil {
@@ -199,22 +199,6 @@ func (s *Server) terminalWS(c *gin.Context) {
 }
 
 const maxTerminalsPerSession = 16
-
-// startAgent and startDirect keep a nil pointer from becoming a non-nil
-// Process.
-func startAgent(p *agent.Process, err error) (Process, error) {
-	if err != nil {
-		return nil, err
-	}
-	return p, nil
-}
-
-func startDirect(p *runsc.DirectProcess, err error) (Process, error) {
-	if err != nil {
-		return nil, err
-	}
-	return p, nil
-}
 
 // killedExit reports a process whose connection was closed before its
 // exit status arrived (terminal closed, teardown) as killed.

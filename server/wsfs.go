@@ -17,10 +17,8 @@ package server
 
 import (
 	"errors"
-	"fmt"
 	"os"
 	"path"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -136,34 +134,6 @@ func removeFile(dirfd int, name string) error {
 		unix.Close(fd)
 	}
 	return unix.Unlinkat(dirfd, name, 0)
-}
-
-// openWorkspaceDir opens the host directory that backs /workspace (dir =
-// <sandbox>/disk/workspace). The disk must be mounted at <sandbox>/disk (an
-// unmounted disk/ is an empty host directory); workspace is opened beneath
-// it without following anything.
-func openWorkspaceDir(dir string) (int, error) {
-	disk := filepath.Dir(dir)
-	pfd, err := unix.Open(disk, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return -1, fmt.Errorf("open disk: %w", err)
-	}
-	defer unix.Close(pfd)
-	var dst, pst unix.Stat_t
-	if err := unix.Fstat(pfd, &dst); err != nil {
-		return -1, err
-	}
-	if err := unix.Lstat(filepath.Dir(disk), &pst); err != nil {
-		return -1, err
-	}
-	if dst.Dev == pst.Dev {
-		return -1, errors.New("the sandbox's disk is not mounted")
-	}
-	fd, err := openDir(pfd, filepath.Base(dir))
-	if err != nil {
-		return -1, fmt.Errorf("open workspace: %w", err)
-	}
-	return fd, nil
 }
 
 // fsError maps an errno from a workspace operation to the API's errors;
