@@ -28,6 +28,7 @@ import (
 
 	"sandboxd/runsc"
 	"sandboxd/server/config"
+	"sandboxd/server/workspace"
 	"sandboxd/store"
 )
 
@@ -82,26 +83,26 @@ func (fc *fileClient) del(id, p string, extra ...string) (*http.Response, []byte
 	return fc.do(fc.h.token, "DELETE", filesURL(id, p, extra...), nil)
 }
 
-func (fc *fileClient) artifacts(id string) ([]artifact, http.Header) {
+func (fc *fileClient) artifacts(id string) ([]workspace.Artifact, http.Header) {
 	fc.h.t.Helper()
 	resp, b := fc.do(fc.h.token, "GET", "/v1/sandbox/"+id+"/artifacts", nil)
 	if resp.StatusCode != 200 {
 		fc.h.t.Fatalf("artifacts of %s: %d %s", id, resp.StatusCode, b)
 	}
-	var out []artifact
+	var out []workspace.Artifact
 	if err := json.Unmarshal(b, &out); err != nil {
 		fc.h.t.Fatalf("artifacts: %v: %s", err, b)
 	}
 	return out, resp.Header
 }
 
-func findArtifact(list []artifact, p string) (artifact, bool) {
+func findArtifact(list []workspace.Artifact, p string) (workspace.Artifact, bool) {
 	for _, a := range list {
 		if a.Path == p {
 			return a, true
 		}
 	}
-	return artifact{}, false
+	return workspace.Artifact{}, false
 }
 
 func errCode(b []byte) string {
@@ -173,7 +174,7 @@ func TestRealFiles(t *testing.T) {
 		if resp.StatusCode != 201 {
 			t.Fatalf("put: %d %s", resp.StatusCode, b)
 		}
-		var e fileEntry
+		var e workspace.Entry
 		json.Unmarshal(b, &e)
 		if e.Name != "a.txt" || e.Path != "/workspace/up/deep/a.txt" || e.Type != "file" || e.Size != 19 || e.ModifiedAt.IsZero() {
 			t.Fatalf("entry: %s", b)
@@ -233,7 +234,7 @@ func TestRealFiles(t *testing.T) {
 		if resp.StatusCode != 200 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
 			t.Fatalf("list: %d %s", resp.StatusCode, b)
 		}
-		var list []fileEntry
+		var list []workspace.Entry
 		json.Unmarshal(b, &list)
 		var got []string
 		for _, e := range list {
@@ -547,7 +548,7 @@ python3 -c 'import socket; s=socket.socket(socket.AF_UNIX); s.bind("/workspace/e
 		h.sh("f1", `mkdir -p '`+dir+`' && cd '`+dir+`' && python3 -c "
 for i in range(3000): open('%04d' % i + '<' * 240, 'w').close()"`)
 		resp, b := fc.get("f1", dir)
-		if resp.StatusCode != 200 || resp.Header.Get(truncatedHdr) != "size" || len(b) > maxListBytes+(1<<20) {
+		if resp.StatusCode != 200 || resp.Header.Get(truncatedHdr) != "size" || len(b) > workspace.MaxListBytes+(1<<20) {
 			t.Fatalf("listing: %d, %q, %d bytes", resp.StatusCode, resp.Header.Get(truncatedHdr), len(b))
 		}
 		list, hdr := fc.artifacts("f1")
@@ -560,8 +561,8 @@ for i in range(3000): open('%04d' % i + '<' * 240, 'w').close()"`)
 	})
 
 	t.Run("a slow client holds the session only until the deadline", func(t *testing.T) {
-		old := fileIODeadlineNs.Swap(int64(time.Second))
-		defer fileIODeadlineNs.Store(old)
+		old := h.s.fileIO.Swap(int64(time.Second))
+		defer h.s.fileIO.Store(old)
 		h.sh("f1", "truncate -s 1G /workspace/slow.bin")
 		// A download whose client never reads, and an upload that stalls.
 		for _, req := range []string{

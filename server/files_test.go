@@ -7,40 +7,6 @@ import (
 	"testing"
 )
 
-func TestWorkspaceRel(t *testing.T) {
-	for p, want := range map[string]string{
-		"/workspace":               "",
-		"/workspace/":              "",
-		"/workspace/a.txt":         "a.txt",
-		"/workspace/out/r.pdf":     "out/r.pdf",
-		"/workspace/dir/":          "dir",
-		"/workspace/%2e%2e":        "%2e%2e", // a literal name, not a parent
-		"/workspace/..a/b..":       "..a/b..",
-		"/workspace/with space/ü":  "with space/ü",
-		"/workspace/a\r\nb":        "a\r\nb",
-		"/workspace/" + longName(): longName(),
-	} {
-		got, err := workspaceRel(p)
-		if err != nil || got != want {
-			t.Errorf("workspaceRel(%q) = %q, %v; want %q", p, got, err, want)
-		}
-	}
-	for _, p := range []string{
-		"", "workspace", "workspace/a", "/", "/etc/passwd", "/workspacex", "/workspacex/a",
-		"/workspace/..", "/workspace/../etc/passwd", "/workspace/a/../../etc", "/workspace/./a",
-		"/workspace//a", "/workspace/a//", "/workspace/a/.", "/workspace/a\x00b", "/workspace/\x00",
-		"/workspace/" + longName() + "x", "/workspace/" + strings.Repeat("a/", 2100),
-		"/../workspace/a", "//workspace/a",
-	} {
-		got, err := workspaceRel(p)
-		if status, code, _ := statusOf(err); err == nil || code != "invalid_path" || status != http.StatusBadRequest {
-			t.Errorf("workspaceRel(%q) = %q, %v; want invalid_path", p, got, err)
-		}
-	}
-}
-
-func longName() string { return strings.Repeat("n", maxNameBytes) }
-
 func TestContentDisposition(t *testing.T) {
 	for name, want := range map[string]string{
 		"report.pdf":    `attachment; filename="report.pdf"; filename*=UTF-8''report.pdf`,

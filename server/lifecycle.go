@@ -9,11 +9,10 @@ import (
 	"sync"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"sandboxd/runsc"
 	"sandboxd/server/config"
 	"sandboxd/server/errdefs"
+	"sandboxd/server/workspace"
 	"sandboxd/store"
 )
 
@@ -340,7 +339,7 @@ func (m *manager) teardown(ctx context.Context, ses *store.Session) (teardownRes
 	m.s.stopKernelLog(ses.ID)
 	m.s.stopEgress(ses)
 	if dir, release, err := m.s.rt.OpenWorkspace(ses.ContainerID, false); err == nil {
-		res.WorkspaceBytes = dirBytes(dir)
+		res.WorkspaceBytes = workspace.DiskUsage(dir)
 		release()
 	}
 	if err := m.s.rt.Destroy(context.Background(), ses.ContainerID, runsc.DestroyOpts{KeepDisk: true}); err != nil {
@@ -555,64 +554,4 @@ func (m *manager) stop() {
 		close(m.done)
 	}
 	m.wg.Wait()
-}
-
-// dirBytes sums the disk space used by the files under dir (allocated
-// blocks, so sparse files count what they use). The sandbox may still run
-// and swap a directory for a symlink to the host meanwhile, so the walk
-// goes by descriptors and follows no link (openDir, wsfs.go), and stops
-// after dirBytesEntries entries or dirBytesTime.
-func dirBytes(dir *os.File) int64 {
-	fd, err := unix.Dup(int(dir.Fd()))
-	if err != nil {
-		return 0
-	}
-	w := byteWalk{deadline: time.Now().Add(dirBytesTime), left: dirBytesEntries}
-	w.walk(fd, 0)
-	return w.n
-}
-
-const (
-	dirBytesEntries = 1 << 20
-	dirBytesTime    = 10 * time.Second
-)
-
-type byteWalk struct {
-	n        int64
-	left     int
-	deadline time.Time
-}
-
-// walk adds up the directory fd (which it closes).
-func (w *byteWalk) walk(fd, depth int) {
-	defer unix.Close(fd)
-	var st unix.Stat_t
-	if unix.Fstat(fd, &st) == nil {
-		w.n += st.Blocks * 512
-	}
-	if w.left <= 0 {
-		return
-	}
-	names, _, err := readNames(fd, w.left)
-	if err != nil {
-		return
-	}
-	w.left -= len(names)
-	for _, name := range names {
-		if time.Now().After(w.deadline) {
-			return
-		}
-		if unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW) != nil {
-			continue
-		}
-		if st.Mode&unix.S_IFMT != unix.S_IFDIR {
-			w.n += st.Blocks * 512
-			continue
-		}
-		if depth < maxDeleteDepth {
-			if sub, err := openDir(fd, name); err == nil {
-				w.walk(sub, depth+1)
-			}
-		}
-	}
 }

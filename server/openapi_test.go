@@ -8,6 +8,8 @@ import (
 	"sort"
 	"strings"
 	"testing"
+
+	"sandboxd/server/workspace"
 )
 
 // openapiDoc is the part of the OpenAPI document the tests look at.
@@ -184,8 +186,8 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 		"ExecRequest":      execRequest{},
 		"ExecResponse":     execResponse{},
 		"Token":            tokenJSON{},
-		"FileEntry":        fileEntry{},
-		"Artifact":         artifact{},
+		"FileEntry":        workspace.Entry{},
+		"Artifact":         workspace.Artifact{},
 	} {
 		s, ok := doc.Comps.Schemas[name]
 		if !ok {

@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -27,6 +28,7 @@ import (
 	"sandboxd/runsc/agent"
 	"sandboxd/runsc/image"
 	"sandboxd/server/config"
+	"sandboxd/server/workspace"
 	"sandboxd/store"
 )
 
@@ -66,6 +68,9 @@ type Server struct {
 	kernels kernels
 	tix     *tickets
 	logs    *logs
+	files   *workspace.Files
+	// fileIO bounds a file transfer (ns; defaultFileIO, tests shorten it).
+	fileIO atomic.Int64
 
 	lock *os.File // flock on <data-dir>/sandboxd.lock while this server runs
 
@@ -168,6 +173,8 @@ func newServer(cfg *config.Config, db *store.DB, rt Runtime, img string, log *sl
 	s.met.reg.MustRegister(redactions{base})
 	s.terms = newTerminals(time.Duration(cfg.Limits.TerminalIdleSeconds) * time.Second)
 	s.tix = newTickets()
+	s.files = workspace.New(runsc.UserUID, runsc.UserGID)
+	s.fileIO.Store(int64(defaultFileIO))
 	s.logs = newLogs()
 	s.egressEvents = newEgressEvents(s)
 	s.egressPolicy = pol

@@ -3,8 +3,6 @@ package server
 import (
 	"bytes"
 	"fmt"
-	"os"
-	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -494,28 +492,6 @@ func TestRedactOverlapping(t *testing.T) {
 // output does.
 func redact(in string, secrets map[string]string) string {
 	return string((&scrubbers{base: loadScrubber()}).forSession("test", secrets).Redact([]byte(in)))
-}
-
-// TestDirBytesFollowsNoLink counts a workspace's allocated blocks and no
-// host tree a symlink points at.
-func TestDirBytesFollowsNoLink(t *testing.T) {
-	dir := t.TempDir()
-	os.MkdirAll(filepath.Join(dir, "a", "b"), 0o755)
-	for _, f := range []string{"one", "a/two", "a/b/three"} {
-		if err := os.WriteFile(filepath.Join(dir, f), bytes.Repeat([]byte("x"), 64<<10), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	os.Symlink("/usr", filepath.Join(dir, "a", "usr"))
-	f, err := os.Open(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	n := dirBytes(f)
-	if n < 3*64<<10 || n > 4<<20 {
-		t.Fatalf("dirBytes = %d, want the three files' 192 KiB and their directories", n)
-	}
 }
 
 func TestSizeLimits(t *testing.T) {

@@ -387,6 +387,9 @@ func (s *Set) Redact(b []byte) []byte {
 	return appendRedacted(out, b, 0, len(b), sc.regs, nil)
 }
 
+// RedactString is Redact for a string.
+func (s *Set) RedactString(v string) string { return string(s.Redact([]byte(v))) }
+
 // appendRedacted appends data[from:end] with the regions replaced and
 // counts each region (in the shared counters and in local, if not nil).
 // data[:from] was written out already (a keyword prefix released by

@@ -1,6 +1,10 @@
-package server
-
-// File access inside a session's workspace from the host. The sandbox user
+// Package workspace owns file access inside a session's workspace from the
+// host: client paths, fd-relative opens, listings, uploads, deletes, the
+// artifact walk with its digest cache, and the disk-usage walk. It never
+// opens a host path below the workspace; the driver (runsc.OpenWorkspace)
+// hands it the workspace's directory descriptor.
+//
+// The sandbox user
 // owns everything under /workspace: symlinks to host paths, symlinked
 // directories, FIFOs, sockets, hard links, sparse files, and a running
 // sandbox can swap any entry while the server looks at it. So nothing here
@@ -14,6 +18,11 @@ package server
 // use getdents and fstatat(AT_SYMLINK_NOFOLLOW) on directory descriptors;
 // writes, renames and deletes are relative to a parent descriptor opened
 // the same way.
+//
+// Concurrency: a Files is safe for concurrent use. A Dir serves one request
+// at a time, under the session's lock (the caller's duty), while the
+// sandbox itself may change any entry at any moment.
+package workspace
 
 import (
 	"errors"
@@ -36,7 +45,7 @@ const (
 	maxNameBytes   = 255
 )
 
-func invalidPath(format string, args ...any) error {
+func invalidPath(format string, args ...any) *errdefs.Error {
 	return errdefs.Invalid(format, args...).WithCode("invalid_path")
 }
 
@@ -45,10 +54,10 @@ var (
 	errDiskFull   = errdefs.New(errdefs.ErrNoSpace, "the sandbox's disk is full (ENOSPC); free space in the sandbox or use a larger size")
 )
 
-// workspaceRel checks a client's path (in the sandbox's view: absolute,
+// Rel checks a client's path (in the sandbox's view: absolute,
 // /workspace or below, normalized, no NUL) and returns it relative to the
 // workspace, "" for /workspace itself. A single trailing slash is allowed.
-func workspaceRel(p string) (string, error) {
+func Rel(p string) (string, error) {
 	if p == "" {
 		return "", invalidPath("path: required, an absolute path in /workspace")
 	}
@@ -136,8 +145,8 @@ func removeFile(dirfd int, name string) error {
 	return unix.Unlinkat(dirfd, name, 0)
 }
 
-// fsError maps an errno from a workspace operation to the API's errors;
-// others stay internal (500, logged).
+// fsError maps an errno from a workspace operation to the public error
+// classes; others stay internal.
 func fsError(err error) error {
 	var en syscall.Errno
 	if !errors.As(err, &en) {
