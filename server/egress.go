@@ -4,10 +4,7 @@ import (
 	"context"
 	"net"
 	"sort"
-	"sync"
 	"time"
-
-	"golang.org/x/time/rate"
 
 	"sandboxd/egress"
 	"sandboxd/store"
@@ -55,7 +52,6 @@ func (s *Server) stopEgress(ses *store.Session) {
 		s.sb.auditSystem("egress.summary", ses, map[string]any{"destinations": list})
 	}
 	s.egress.Close(ses.ID)
-	s.egressEvents.forget(ses.ID)
 }
 
 // liveEgress refreshes ses's byte count from the proxy (the store lags by
@@ -98,60 +94,21 @@ func destinationList(m map[string]egress.Dest) []destination {
 }
 
 // egressEvents turns the proxy's denials and quota cuts into session
-// events. Denials are rate limited per session (a loop of refused requests
-// must not flood the log); the number suppressed is reported with the next
-// one that passes.
-type egressEvents struct {
-	s  *Server
-	mu sync.Mutex
-	by map[string]*denialLimiter
+// events (denials are rate limited by the session log) and saves the byte
+// count of a session that reached its quota.
+type egressEvents struct{ s *Server }
+
+func (e egressEvents) Denied(pk, host string, port int, reason string) {
+	e.s.logs.Denied(pk, host, port, reason)
 }
 
-type denialLimiter struct {
-	lim        *rate.Limiter
-	suppressed int
-}
-
-func newEgressEvents(s *Server) *egressEvents {
-	return &egressEvents{s: s, by: map[string]*denialLimiter{}}
-}
-
-func (e *egressEvents) Denied(sessionID, host string, port int, reason string) {
-	e.mu.Lock()
-	d := e.by[sessionID]
-	if d == nil {
-		d = &denialLimiter{lim: rate.NewLimiter(rate.Limit(5), 20)}
-		e.by[sessionID] = d
-	}
-	if !d.lim.Allow() {
-		d.suppressed++
-		e.mu.Unlock()
-		return
-	}
-	suppressed := d.suppressed
-	d.suppressed = 0
-	e.mu.Unlock()
-	fields := map[string]any{"host": host, "port": port, "reason": reason}
-	if suppressed > 0 {
-		fields["suppressedBefore"] = suppressed
-	}
-	e.s.event(&store.Session{ID: sessionID}, "egress_denied", fields)
-}
-
-func (e *egressEvents) QuotaExceeded(sessionID string, used, limit int64) {
-	e.s.event(&store.Session{ID: sessionID}, "quota_exceeded", map[string]any{"bytesUsed": used, "bytesLimit": limit})
+func (e egressEvents) QuotaExceeded(pk string, used, limit int64) {
+	e.s.logs.Event(pk, "quota_exceeded", map[string]any{"bytesUsed": used, "bytesLimit": limit})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := e.s.db.SetEgressUsed(ctx, sessionID, used); err != nil {
+	if err := e.s.db.SetEgressUsed(ctx, pk, used); err != nil {
 		e.s.log.Error("persist egress usage", "err", err)
 	}
-}
-
-// forget drops a session's limiter when the session ends.
-func (e *egressEvents) forget(sessionID string) {
-	e.mu.Lock()
-	delete(e.by, sessionID)
-	e.mu.Unlock()
 }
 
 // saveEgress persists every running session's byte count (at shutdown).

@@ -265,7 +265,7 @@ func (m *manager) start(ses *store.Session, size config.Size, resumed bool) erro
 		}
 		m.s.scrub.forget(ses.ID)
 		if resumed {
-			m.s.event(ses, "resume_failed", nil)
+			m.s.logs.Event(ses.ID, "resume_failed", nil)
 			if serr := m.setStatus(context.Background(), ses, store.StatusStopped, ses.StatusReason); serr != nil {
 				m.s.log.Error("undo resume", "session", ses.SessionID, "err", serr)
 			}
@@ -290,8 +290,8 @@ func (m *manager) start(ses *store.Session, size config.Size, resumed bool) erro
 		return fail(err)
 	}
 	m.forgetActivity(ses.ID) // idle time counts from now, not from before a teardown
-	m.s.event(ses, "started", map[string]any{"size": ses.Size, "resumed": resumed})
-	m.s.startKernelLog(ses)
+	m.s.logs.Event(ses.ID, "started", map[string]any{"size": ses.Size, "resumed": resumed})
+	m.s.logs.StartTail(ses.ID, m.s.rt.KernelLog(ses.ContainerID))
 	return nil
 }
 
@@ -336,7 +336,7 @@ func (m *manager) teardown(ctx context.Context, ses *store.Session) (teardownRes
 		}
 	}
 	m.s.closeProcesses(ses.ID)
-	m.s.stopKernelLog(ses.ID)
+	m.s.logs.StopTail(ses.ID)
 	m.s.stopEgress(ses)
 	if dir, release, err := m.s.rt.OpenWorkspace(ses.ContainerID, false); err == nil {
 		res.WorkspaceBytes = workspace.DiskUsage(dir)
@@ -347,7 +347,7 @@ func (m *manager) teardown(ctx context.Context, ses *store.Session) (teardownRes
 		return res, errdefs.Unavailable("the sandbox could not be stopped completely; retry the teardown")
 	}
 	reason := ses.StatusReason
-	m.s.event(ses, "stopped", map[string]any{"workspaceBytes": res.WorkspaceBytes})
+	m.s.logs.Event(ses.ID, "stopped", map[string]any{"workspaceBytes": res.WorkspaceBytes})
 	return res, m.setStatus(context.Background(), ses, store.StatusStopped, reason)
 }
 
@@ -358,7 +358,7 @@ func (m *manager) remove(ctx context.Context, ses *store.Session) error {
 		return errdefs.Conflict("session is still provisioning")
 	}
 	m.s.closeProcesses(ses.ID)
-	m.s.stopKernelLog(ses.ID)
+	m.s.logs.StopTail(ses.ID)
 	if ses.Status == store.StatusRunning || ses.Status == store.StatusStopping {
 		m.s.stopEgress(ses) // teardown and markDead did it for the others
 	}
@@ -376,6 +376,8 @@ func (m *manager) remove(ctx context.Context, ses *store.Session) error {
 	}
 	ses.Status = store.StatusDeleted
 	m.s.scrub.forget(ses.ID)
+	m.s.logs.Forget(ses.ID)
+	m.s.files.Forget(ses.ID)
 	return m.s.db.UpdateSession(context.Background(), ses)
 }
 
@@ -392,11 +394,11 @@ func (m *manager) markDead(ses *store.Session, reason string) {
 	}
 	m.release(ses.OrgID, ses.MemoryMiB)
 	m.s.closeProcesses(ses.ID)
-	m.s.stopKernelLog(ses.ID)
+	m.s.logs.StopTail(ses.ID)
 	if reason == "oom" {
-		m.s.event(ses, "oom", map[string]any{"memoryMiB": ses.MemoryMiB})
+		m.s.logs.Event(ses.ID, "oom", map[string]any{"memoryMiB": ses.MemoryMiB})
 	}
-	m.s.event(ses, "exit", map[string]any{"reason": reason})
+	m.s.logs.Event(ses.ID, "exit", map[string]any{"reason": reason})
 	m.s.log.Warn("sandbox died", "session", ses.SessionID, "reason", reason)
 	m.auditSystem("sandbox.failed", ses, map[string]any{"reason": reason})
 	if err := m.s.rt.Destroy(context.Background(), ses.ContainerID, runsc.DestroyOpts{KeepDisk: true}); err != nil {
@@ -444,7 +446,7 @@ func (m *manager) reconcile(ctx context.Context) error {
 			if st.Status == runsc.StatusRunning && st.OOMKills == 0 {
 				keep[ses.ContainerID] = true
 				m.account(ses)
-				m.s.startKernelLog(ses)
+				m.s.logs.StartTail(ses.ID, m.s.rt.KernelLog(ses.ContainerID))
 				m.s.sessionScrubber(ses.ID) // as in provision
 				if err := m.s.startEgress(ses); err != nil {
 					// The sandbox lives on without a way out; say so.

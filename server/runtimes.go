@@ -125,7 +125,7 @@ func (s *Server) runCode(lang string) gin.HandlerFunc {
 				return
 			}
 		}
-		s.event(ses, "process_start", map[string]any{"runtime": lang, "contextId": req.ContextID,
+		s.logs.Event(ses.ID, "process_start", map[string]any{"runtime": lang, "contextId": req.ContextID,
 			"code": clip(string(set.Redact([]byte(req.Code))), 256)})
 		out := newCappedOutput(s.cfg.Limits.ExecOutputBytes)
 		stdout, stderr := set.NewWriter(out.writer(&out.stdout)), set.NewWriter(out.writer(&out.stderr))
@@ -170,7 +170,7 @@ func (s *Server) runCode(lang string) gin.HandlerFunc {
 		if resp.Error != nil {
 			exit["error"] = resp.Error.Name
 		}
-		s.event(ses, "process_exit", exit)
+		s.logs.Event(ses.ID, "process_exit", exit)
 		auditDetail(c, "durationMs", resp.DurationMs)
 		c.JSON(http.StatusOK, resp)
 	}

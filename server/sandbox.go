@@ -427,7 +427,7 @@ func (s *Server) terminal(c *gin.Context) {
 	if req.Stdin != nil {
 		xr.Stdin = strings.NewReader(*req.Stdin)
 	}
-	s.event(ses, "process_start", map[string]any{"command": clip(string(set.Redact([]byte(req.Command))), 256), "cwd": req.Cwd})
+	s.logs.Event(ses.ID, "process_start", map[string]any{"command": clip(string(set.Redact([]byte(req.Command))), 256), "cwd": req.Cwd})
 	end, ok := s.sb.begin(ses.ID, s.cfg.Limits.MaxExecsPerSession)
 	if !ok {
 		s.writeError(c, errdefs.RateLimited("at most %d commands run at once in a session; retry when one ends", s.cfg.Limits.MaxExecsPerSession))
@@ -472,7 +472,7 @@ func (s *Server) terminal(c *gin.Context) {
 		}
 		s.noteDeadReason(ses, reason)
 	}
-	s.event(ses, "process_exit", map[string]any{"exitCode": res.ExitCode, "durationMs": res.Duration.Milliseconds(),
+	s.logs.Event(ses.ID, "process_exit", map[string]any{"exitCode": res.ExitCode, "durationMs": res.Duration.Milliseconds(),
 		"timedOut": res.TimedOut, "oom": res.OOM, "redactions": redactions})
 	auditDetail(c, "exitCode", res.ExitCode)
 	auditDetail(c, "durationMs", res.Duration.Milliseconds())

@@ -28,6 +28,7 @@ import (
 	"sandboxd/runsc/agent"
 	"sandboxd/runsc/image"
 	"sandboxd/server/config"
+	"sandboxd/server/sessionlog"
 	"sandboxd/server/workspace"
 	"sandboxd/store"
 )
@@ -67,7 +68,7 @@ type Server struct {
 	// kernels are the code runtimes' contexts.
 	kernels kernels
 	tix     *tickets
-	logs    *logs
+	logs    *sessionlog.Logs
 	files   *workspace.Files
 	// fileIO bounds a file transfer (ns; defaultFileIO, tests shorten it).
 	fileIO atomic.Int64
@@ -76,7 +77,7 @@ type Server struct {
 
 	egress       Egress
 	egressPolicy *egress.Policy
-	egressEvents *egressEvents
+	egressEvents egressEvents
 }
 
 // BinDir is the directory of the running executable (runsc and the agent
@@ -175,8 +176,8 @@ func newServer(cfg *config.Config, db *store.DB, rt Runtime, img string, log *sl
 	s.tix = newTickets()
 	s.files = workspace.New(runsc.UserUID, runsc.UserGID)
 	s.fileIO.Store(int64(defaultFileIO))
-	s.logs = newLogs()
-	s.egressEvents = newEgressEvents(s)
+	s.logs = sessionlog.New(db, s.sessionScrubber, cfg.DataDir, s.log.With("component", "sessionlog"))
+	s.egressEvents = egressEvents{s}
 	s.egressPolicy = pol
 	// Every session's connection cap fits in the proxy's budget, so no
 	// organization can take the connections another's sandboxes are due.
@@ -230,6 +231,7 @@ func (s *Server) Close() error {
 	s.sb.stop()
 	s.terms.shutdown()
 	s.kernels.closeSession("")
+	s.logs.Close()
 	// Shutdown first: it ends every tunnel, so bytes in flight are
 	// counted before the counts are saved.
 	s.egress.Shutdown()

@@ -184,9 +184,9 @@ func (s *Server) terminalWS(c *gin.Context) {
 		shown := clip(string(set.Redact([]byte(command))), 256) // redact before cutting
 		if tty {
 			term = s.terms.start(ses.ID, ses.SessionID, proc, set)
-			s.event(ses, "terminal_open", map[string]any{"terminalId": term.id, "command": shown})
+			s.logs.Event(ses.ID, "terminal_open", map[string]any{"terminalId": term.id, "command": shown})
 		} else {
-			s.event(ses, "process_start", map[string]any{"command": shown, "stream": true})
+			s.logs.Event(ses.ID, "process_start", map[string]any{"command": shown, "stream": true})
 		}
 	}
 	auditDetail(c, "tty", tty)
