@@ -18,6 +18,7 @@ type cgroupLayout struct {
 	v2     bool
 	dirs   []string // the server's own cgroup directory in each hierarchy
 	memory string   // the server's own memory cgroup directory
+	cpuset string   // the server's own cpuset cgroup directory ("" if none)
 }
 
 func loadCgroupLayout() (cgroupLayout, error) {
@@ -70,8 +71,11 @@ func loadCgroupLayout() (cgroupLayout, error) {
 					dir := filepath.Join(mnt, strings.TrimPrefix(path, root))
 					l.dirs = append(l.dirs, dir)
 					for _, c := range strings.Split(key, ",") {
-						if c == "memory" {
+						switch c {
+						case "memory":
 							l.memory = dir
+						case "cpuset":
+							l.cpuset = dir
 						}
 					}
 				}
@@ -86,7 +90,7 @@ func loadCgroupLayout() (cgroupLayout, error) {
 		if v2dir == "" {
 			return l, errors.New("no memory cgroup found")
 		}
-		l = cgroupLayout{v2: true, dirs: []string{v2dir}, memory: v2dir}
+		l = cgroupLayout{v2: true, dirs: []string{v2dir}, memory: v2dir, cpuset: v2dir}
 	}
 	return l, nil
 }

@@ -53,7 +53,8 @@ type Runtime struct {
 	cfg    Config
 	log    *slog.Logger
 	cg     cgroupLayout
-	warmed sync.Map // container id -> base env its agent's warm pool has
+	cpus   cpuPlacer // cpusets chosen for sandboxes being created
+	warmed sync.Map  // container id -> base env its agent's warm pool has
 }
 
 // ErrNotFound is returned for a sandbox runsc does not know.

@@ -95,7 +95,9 @@ func (r *Runtime) Create(ctx context.Context, sb Sandbox) (err error) {
 	}
 	undo.push(func() { deleteSandboxNet(sb.ID) })
 
-	spec := BuildSpec(sb, r.paths(sb.ID), sb.ID)
+	cpus, releaseCPUs := r.chooseCPUs(sb.ID, sb.Limits.VCPUs)
+	defer releaseCPUs() // when Create returns, runsc has made the cgroup or Create failed
+	spec := BuildSpec(sb, r.paths(sb.ID), sb.ID, cpus)
 	b, err := json.MarshalIndent(spec, "", "  ")
 	if err != nil {
 		return err

@@ -9,7 +9,7 @@ import (
 
 // Limits are the resources of one sandbox (from its size).
 type Limits struct {
-	VCPUs     int   // CPU quota in whole CPUs
+	VCPUs     int   // CPU quota in whole CPUs, and the CPUs the sandbox sees
 	MemoryMiB int64 // memory cgroup limit, gVisor's own overhead included
 	DiskMiB   int64 // size of the sandbox's disk
 	Pids      int64 // host tasks (gVisor threads and stub processes)
@@ -52,11 +52,15 @@ type sandboxPaths struct {
 }
 
 // BuildSpec returns the OCI runtime spec of a sandbox. It is a pure function
-// of its inputs (golden-tested).
-func BuildSpec(sb Sandbox, p sandboxPaths, cgroupsPath string) *specs.Spec {
+// of its inputs (golden-tested). cpus is the sandbox's cpuset (see cpus.go;
+// nil for none): gVisor reports as many CPUs as it holds.
+func BuildSpec(sb Sandbox, p sandboxPaths, cgroupsPath string, cpus []int) *specs.Spec {
 	mem := sb.Limits.MemoryMiB << 20
 	quota := int64(sb.Limits.VCPUs) * cpuPeriod
 	period := uint64(cpuPeriod)
+	// cpuset.mems stays empty: runsc copies the parent's into the new
+	// cgroup (v1), and v2 inherits it.
+	cpu := &specs.LinuxCPU{Quota: &quota, Period: &period, Cpus: formatCPUList(cpus)}
 	nproc := uint64(sb.Limits.Processes)
 	return &specs.Spec{
 		Version: specs.Version,
@@ -94,7 +98,7 @@ func BuildSpec(sb Sandbox, p sandboxPaths, cgroupsPath string) *specs.Spec {
 			CgroupsPath: cgroupsPath,
 			Resources: &specs.LinuxResources{
 				Memory: &specs.LinuxMemory{Limit: &mem},
-				CPU:    &specs.LinuxCPU{Quota: &quota, Period: &period},
+				CPU:    cpu,
 				Pids:   &specs.LinuxPids{Limit: sb.Limits.Pids},
 			},
 			Namespaces: []specs.LinuxNamespace{

@@ -18,8 +18,8 @@ var update = flag.Bool("update", false, "rewrite the golden files under testdata
 
 // goldenSandbox is the fixed input of the golden spec test: standard-1
 // (configs/sizes.yaml) with the paths a Runtime with StateDir /var/lib/sandboxd
-// and prefix sbxabc123 would use.
-func goldenSandbox() (Sandbox, sandboxPaths, string) {
+// and prefix sbxabc123 would use, placed on CPU 1 of a larger host.
+func goldenSandbox() (Sandbox, sandboxPaths, string, []int) {
 	const id = "sbxabc123-0123456789abcdef"
 	d := "/var/lib/sandboxd/sandboxes/" + id
 	sb := Sandbox{
@@ -41,12 +41,12 @@ func goldenSandbox() (Sandbox, sandboxPaths, string) {
 		Run:       d + "/run",
 		Netns:     netnsPath(id),
 	}
-	return sb, p, id
+	return sb, p, id, []int{1}
 }
 
 func TestBuildSpecGolden(t *testing.T) {
-	sb, p, cg := goldenSandbox()
-	got, err := json.MarshalIndent(BuildSpec(sb, p, cg), "", "  ")
+	sb, p, cg, cpus := goldenSandbox()
+	got, err := json.MarshalIndent(BuildSpec(sb, p, cg, cpus), "", "  ")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,13 +92,19 @@ func lineDiff(want, got string) string {
 // TestBuildSpecSemantics checks the properties the golden file encodes, so a
 // careless -update cannot silently accept a broken spec.
 func TestBuildSpecSemantics(t *testing.T) {
-	for _, l := range []Limits{
-		{VCPUs: 1, MemoryMiB: 1024, DiskMiB: 8192, Pids: 512, Processes: DefaultProcesses(512)},
-		{VCPUs: 8, MemoryMiB: 16384, DiskMiB: 131072, Pids: 8192, Processes: DefaultProcesses(8192)},
+	for _, c := range []struct {
+		l        Limits
+		cpus     []int
+		wantCpus string
+	}{
+		{Limits{VCPUs: 1, MemoryMiB: 1024, DiskMiB: 8192, Pids: 512, Processes: DefaultProcesses(512)}, []int{1}, "1"},
+		{Limits{VCPUs: 4, MemoryMiB: 8192, DiskMiB: 65536, Pids: 4096, Processes: DefaultProcesses(4096)}, []int{2, 3, 4, 9}, "2-4,9"},
+		{Limits{VCPUs: 8, MemoryMiB: 16384, DiskMiB: 131072, Pids: 8192, Processes: DefaultProcesses(8192)}, nil, ""},
 	} {
-		sb, p, cg := goldenSandbox()
+		l := c.l
+		sb, p, cg, _ := goldenSandbox()
 		sb.Limits = l
-		s := BuildSpec(sb, p, cg)
+		s := BuildSpec(sb, p, cg, c.cpus)
 
 		r := s.Linux.Resources
 		if got, want := *r.Memory.Limit, l.MemoryMiB*1024*1024; got != want {
@@ -109,6 +115,11 @@ func TestBuildSpecSemantics(t *testing.T) {
 		}
 		if *r.CPU.Period != 100000 {
 			t.Errorf("cpu period = %d", *r.CPU.Period)
+		}
+		// The cpuset is what gVisor counts (the quota never gives fewer
+		// than 2 CPUs); mems are left to runsc (copied from the parent).
+		if r.CPU.Cpus != c.wantCpus || r.CPU.Mems != "" {
+			t.Errorf("cpuset = %q mems %q, want %q and no mems", r.CPU.Cpus, r.CPU.Mems, c.wantCpus)
 		}
 		if r.Pids.Limit != l.Pids {
 			t.Errorf("pids = %d, want %d", r.Pids.Limit, l.Pids)
@@ -169,16 +180,16 @@ func TestBuildSpecSemantics(t *testing.T) {
 }
 
 func TestBuildSpecPure(t *testing.T) {
-	sb, p, cg := goldenSandbox()
-	a, _ := json.Marshal(BuildSpec(sb, p, cg))
-	s := BuildSpec(sb, p, cg)
+	sb, p, cg, cpus := goldenSandbox()
+	a, _ := json.Marshal(BuildSpec(sb, p, cg, cpus))
+	s := BuildSpec(sb, p, cg, cpus)
 	// Mutating one spec must not leak into the next.
 	s.Mounts[0].Options = append(s.Mounts[0].Options, "x")
 	s.Mounts[1].Options[0] = "suid"
 	s.Linux.MaskedPaths[0] = "/nothing"
 	s.Process.Rlimits[0].Hard = 1
 	*s.Linux.Resources.Memory.Limit = 1
-	b, _ := json.Marshal(BuildSpec(sb, p, cg))
+	b, _ := json.Marshal(BuildSpec(sb, p, cg, cpus))
 	if !bytes.Equal(a, b) {
 		t.Errorf("BuildSpec output changed after mutating an earlier result:\n%s\n%s", a, b)
 	}
@@ -192,10 +203,10 @@ func TestBuildSpecPure(t *testing.T) {
 func TestBuildSpecCapsNotShared(t *testing.T) {
 	saved := append([]string(nil), initCaps...)
 	defer copy(initCaps, saved)
-	sb, p, cg := goldenSandbox()
-	s := BuildSpec(sb, p, cg)
+	sb, p, cg, cpus := goldenSandbox()
+	s := BuildSpec(sb, p, cg, cpus)
 	s.Process.Capabilities.Bounding[0] = "CAP_SYS_ADMIN"
-	next := BuildSpec(sb, p, cg)
+	next := BuildSpec(sb, p, cg, cpus)
 	if s.Process.Capabilities.Effective[0] == "CAP_SYS_ADMIN" || next.Process.Capabilities.Bounding[0] == "CAP_SYS_ADMIN" {
 		copy(initCaps, saved)
 		t.Skip("known bug: BuildSpec aliases the package-level initCaps slice (runsc/spec.go); clone it per list")
