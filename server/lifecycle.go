@@ -297,8 +297,8 @@ func (m *manager) start(ses *store.Session, size config.Size, resumed bool) erro
 
 // closeProcesses ends a session's terminals and code contexts.
 func (s *Server) closeProcesses(pk string) {
-	s.terms.closeSession(pk)
-	s.kernels.closeSession(pk)
+	s.terms.CloseSession(pk)
+	s.contexts.CloseSession(pk)
 }
 
 // forgetActivity drops a session's idle record.

@@ -28,6 +28,7 @@ import (
 	"sandboxd/runsc/agent"
 	"sandboxd/runsc/image"
 	"sandboxd/server/config"
+	"sandboxd/server/procs"
 	"sandboxd/server/sessionlog"
 	"sandboxd/server/workspace"
 	"sandboxd/store"
@@ -64,12 +65,12 @@ type Server struct {
 	sb     *manager
 	met    *metrics
 	scrub  *scrubbers
-	terms  *terminals
-	// kernels are the code runtimes' contexts.
-	kernels kernels
-	tix     *tickets
-	logs    *sessionlog.Logs
-	files   *workspace.Files
+	terms  *procs.Terminals
+	// contexts are the code contexts (Python, Node.js).
+	contexts procs.Contexts
+	tix      *tickets
+	logs     *sessionlog.Logs
+	files    *workspace.Files
 	// fileIO bounds a file transfer (ns; defaultFileIO, tests shorten it).
 	fileIO atomic.Int64
 
@@ -172,7 +173,7 @@ func newServer(cfg *config.Config, db *store.DB, rt Runtime, img string, log *sl
 	s := &Server{cfg: cfg, db: db, rt: rt, image: img, met: newMetrics(db), scrub: &scrubbers{base: base},
 		log: slog.New(scrubHandler{log.Handler(), base})}
 	s.met.reg.MustRegister(redactions{base})
-	s.terms = newTerminals(time.Duration(cfg.Limits.TerminalIdleSeconds) * time.Second)
+	s.terms = procs.NewTerminals(time.Duration(cfg.Limits.TerminalIdleSeconds)*time.Second, s.log.With("component", "terminals"))
 	s.tix = newTickets()
 	s.files = workspace.New(runsc.UserUID, runsc.UserGID)
 	s.fileIO.Store(int64(defaultFileIO))
@@ -229,8 +230,8 @@ func (s *Server) Start(ctx context.Context) error {
 // written completely). Sandboxes keep running.
 func (s *Server) Close() error {
 	s.sb.stop()
-	s.terms.shutdown()
-	s.kernels.closeSession("")
+	s.terms.Close()
+	s.contexts.CloseSession("")
 	s.logs.Close()
 	// Shutdown first: it ends every tunnel, so bytes in flight are
 	// counted before the counts are saved.

@@ -1,14 +1,11 @@
 package server
 
 import (
-	"encoding/json"
-	"errors"
-	"io"
+	"context"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -17,9 +14,9 @@ import (
 	"sandboxd/runsc"
 	"sandboxd/runsc/agent"
 	"sandboxd/server/errdefs"
+	"sandboxd/server/procs"
 	"sandboxd/store"
 	"sandboxd/streams"
-	"sandboxd/streams/scrub"
 )
 
 const (
@@ -69,14 +66,6 @@ func (s *Server) upgrader() *websocket.Upgrader {
 	}
 }
 
-type wsControl struct {
-	Type   string `json:"type"`
-	Data   string `json:"data"`
-	Cols   uint16 `json:"cols"`
-	Rows   uint16 `json:"rows"`
-	Signal string `json:"signal"`
-}
-
 // wsSession checks a WebSocket request (the session, an upgrade, the
 // Origin) before anything is started.
 func (s *Server) wsSession(c *gin.Context) (*store.Session, bool) {
@@ -118,14 +107,14 @@ func (s *Server) terminalWS(c *gin.Context) {
 		s.writeError(c, badRequest("command: required with tty=false"))
 		return
 	}
-	var term *terminal
+	var term *procs.Terminal
 	if termID != "" {
-		if term = s.terms.get(termID); term == nil || term.sessionPK != ses.ID {
+		if term = s.terms.Get(ses.ID, termID); term == nil {
 			s.writeError(c, errdefs.NotFound("no such terminal"))
 			return
 		}
-	} else if tty && s.terms.count(ses.ID) >= maxTerminalsPerSession {
-		s.writeError(c, errdefs.RateLimited("at most %d terminals per session", maxTerminalsPerSession))
+	} else if tty && len(s.terms.List(ses.ID)) >= procs.MaxTerminalsPerSession {
+		s.writeError(c, errdefs.RateLimited("at most %d terminals per session", procs.MaxTerminalsPerSession))
 		return
 	}
 	var endExec func()
@@ -152,7 +141,7 @@ func (s *Server) terminalWS(c *gin.Context) {
 	defer s.met.wsConns.Dec()
 	w := streams.NewWSConn(conn, wsReadLimit)
 	go w.Run()
-	var proc Process
+	var proc runsc.Process
 	if term == nil {
 		args := []string{"/bin/bash", "-l"}
 		if command != "" {
@@ -162,7 +151,7 @@ func (s *Server) terminalWS(c *gin.Context) {
 		if tty {
 			env = setEnv(env, "TERM", "xterm-256color")
 		}
-		ctx, cancel := startCtx()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // starting may take this long
 		spec := agent.Spec{Args: args, Env: env, Cwd: runsc.Workspace,
 			UID: runsc.UserUID, GID: runsc.UserGID, TTY: tty, Cols: cols, Rows: rows, Stdin: true}
 		var err error
@@ -176,37 +165,26 @@ func (s *Server) terminalWS(c *gin.Context) {
 		cancel()
 		if err != nil {
 			s.log.Warn("start process", "session", ses.SessionID, "err", err)
-			w.SendJSON(map[string]any{"type": "error", "code": "conflict", "message": "could not start the process: " + agentMessage(err)})
+			w.SendJSON(map[string]any{"type": "error", "code": "conflict", "message": "could not start the process: " + procs.AgentMessage(err)})
 			w.CloseWith(streams.CloseInternalError, "start failed")
 			<-w.Done()
 			return
 		}
 		shown := clip(string(set.Redact([]byte(command))), 256) // redact before cutting
 		if tty {
-			term = s.terms.start(ses.ID, ses.SessionID, proc, set)
-			s.logs.Event(ses.ID, "terminal_open", map[string]any{"terminalId": term.id, "command": shown})
+			term = s.terms.Start(ses.ID, proc, set)
+			s.logs.Event(ses.ID, "terminal_open", map[string]any{"terminalId": term.ID, "command": shown})
 		} else {
 			s.logs.Event(ses.ID, "process_start", map[string]any{"command": shown, "stream": true})
 		}
 	}
 	auditDetail(c, "tty", tty)
 	if term != nil {
-		auditDetail(c, "terminalId", term.id)
-		s.serveTerminal(w, term)
+		auditDetail(c, "terminalId", term.ID)
+		s.terms.Attach(w, term)
 		return
 	}
-	s.serveExecStream(w, proc, set)
-}
-
-const maxTerminalsPerSession = 16
-
-// killedExit reports a process whose connection was closed before its
-// exit status arrived (terminal closed, teardown) as killed.
-func killedExit(e agent.Exit, err error) agent.Exit {
-	if err != nil && e.Code == 0 && e.Signal == "" {
-		return agent.Exit{Code: 137, Signal: "SIGKILL"}
-	}
-	return e
+	procs.ServeExec(w, proc, set)
 }
 
 func parseSize(v string, def uint16) uint16 {
@@ -227,164 +205,6 @@ func setEnv(env []string, k, v string) []string {
 	return append(env, k+"="+v)
 }
 
-func agentMessage(err error) string {
-	var ae *agent.AgentError
-	if errors.As(err, &ae) {
-		return ae.Message
-	}
-	return "the sandbox agent is not reachable"
-}
-
-// serveTerminal attaches a socket to a PTY: replay, then live output; input
-// and control messages go to the PTY. The PTY outlives the socket.
-func (s *Server) serveTerminal(w *streams.WSConn, t *terminal) {
-	v, _ := t.hub.Attach()
-	defer t.hub.Detach(v)
-	w.SendJSON(map[string]any{"type": "ready", "terminalId": t.id})
-	go s.readControl(w, true, func(data []byte) error { return t.writeStdin(data) }, t.proc)
-	for {
-		select {
-		case chunk, ok := <-v.C:
-			if !ok {
-				switch {
-				case errors.Is(v.Err(), streams.ErrClosed):
-					<-t.done
-					w.SendJSON(map[string]any{"type": "exit", "exitCode": t.exit.Code, "signal": t.exit.Signal})
-					w.CloseWith(streams.CloseNormal, "exit")
-				case errors.Is(v.Err(), streams.ErrSlowViewer):
-					s.log.Warn("terminal viewer dropped: too slow", "terminal", t.id)
-					w.SendJSON(map[string]any{"type": "error", "code": "slow_client", "message": "output queue full; reconnect with terminalId to resume"})
-					w.CloseWith(streams.ClosePolicy, "slow client")
-				}
-				return
-			}
-			if !w.SendBinary(chunk) {
-				return
-			}
-		case <-w.Done():
-			return
-		}
-	}
-}
-
-// readControl is the socket's one reader: stdin bytes and JSON controls.
-var ttySignalChars = map[string]byte{"SIGINT": 0x03, "SIGQUIT": 0x1c, "SIGTSTP": 0x1a}
-
-func (s *Server) readControl(w *streams.WSConn, tty bool, stdin func([]byte) error, p Process) {
-	defer w.Close()
-	for {
-		binary, data, err := w.Read()
-		if err != nil {
-			return
-		}
-		if binary {
-			if stdin(data) != nil {
-				return
-			}
-			continue
-		}
-		var m wsControl
-		if json.Unmarshal(data, &m) != nil {
-			w.SendJSON(map[string]any{"type": "error", "code": "invalid_request", "message": "text messages must be JSON controls"})
-			continue
-		}
-		switch m.Type {
-		case "stdin":
-			if stdin([]byte(m.Data)) != nil {
-				return
-			}
-		case "resize":
-			if m.Cols < 1 || m.Rows < 1 || m.Cols > 1000 || m.Rows > 1000 {
-				w.SendJSON(map[string]any{"type": "error", "code": "invalid_request", "message": "resize: cols and rows must be 1-1000"})
-				continue
-			}
-			p.Resize(m.Cols, m.Rows)
-		case "signal":
-			// On a PTY, interrupt characters reach the foreground job
-			// (job control puts it in its own process group).
-			if ch, ok := ttySignalChars[m.Signal]; ok && tty {
-				if stdin([]byte{ch}) != nil {
-					return
-				}
-				continue
-			}
-			switch m.Signal {
-			case "SIGINT", "SIGTERM", "SIGKILL", "SIGHUP", "SIGQUIT", "SIGTSTP", "SIGCONT", "SIGUSR1", "SIGUSR2", "SIGWINCH":
-				p.Signal(m.Signal, true)
-			default:
-				w.SendJSON(map[string]any{"type": "error", "code": "invalid_request", "message": "signal: unsupported"})
-			}
-		case "close_stdin":
-			if in := p.Stdin(); in != nil {
-				in.Close()
-			}
-		default:
-			w.SendJSON(map[string]any{"type": "error", "code": "invalid_request", "message": "unknown message type"})
-		}
-	}
-}
-
-// serveExecStream runs one command without a PTY: frames prefixed by 1
-// (stdout) or 2 (stderr), then the exit event. Backpressure instead of
-// dropping: a big burst arrives complete and in order.
-func (s *Server) serveExecStream(w *streams.WSConn, p Process, set *scrub.Set) {
-	defer p.Close()
-	w.SendJSON(map[string]any{"type": "ready"})
-	go s.readControl(w, false, func(data []byte) error {
-		if in := p.Stdin(); in != nil {
-			_, err := in.Write(data)
-			return err
-		}
-		return nil
-	}, p)
-	var wg sync.WaitGroup
-	for _, st := range []struct {
-		tag byte
-		src io.Reader
-	}{{1, p.Stdout()}, {2, p.Stderr()}} {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			sw := set.NewWriter(frameWriter{w, st.tag})
-			io.Copy(sw, st.src)
-			sw.Close()
-		}()
-	}
-	exitc := make(chan agent.Exit, 1)
-	go func() {
-		e, err := p.Wait()
-		wg.Wait()
-		exitc <- killedExit(e, err)
-	}()
-	select {
-	case e := <-exitc:
-		w.SendJSON(map[string]any{"type": "exit", "exitCode": e.Code, "signal": e.Signal})
-		w.CloseWith(streams.CloseNormal, "exit")
-		<-w.Done()
-	case <-w.Done(): // the client went away: Close kills the process group
-	}
-}
-
-// frameWriter sends each write as one binary frame with a stream tag.
-type frameWriter struct {
-	w   *streams.WSConn
-	tag byte
-}
-
-func (f frameWriter) Write(p []byte) (int, error) {
-	for len(p) > 0 {
-		n := min(len(p), 64<<10)
-		frame := make([]byte, n+1)
-		frame[0] = f.tag
-		copy(frame[1:], p[:n])
-		if !f.w.SendBinary(frame) {
-			return 0, io.ErrClosedPipe
-		}
-		p = p[n:]
-	}
-	return len(p), nil
-}
-
 type terminalJSON struct {
 	TerminalID string    `json:"terminalId"`
 	CreatedAt  time.Time `json:"createdAt"`
@@ -399,15 +219,8 @@ func (s *Server) listTerminals(c *gin.Context) {
 		return
 	}
 	out := []terminalJSON{}
-	for _, t := range s.terms.list(ses.ID) {
-		n, _ := t.hub.Viewers()
-		running := true
-		select {
-		case <-t.done:
-			running = false
-		default:
-		}
-		out = append(out, terminalJSON{TerminalID: t.id, CreatedAt: t.created.UTC(), Viewers: n, Running: running})
+	for _, t := range s.terms.List(ses.ID) {
+		out = append(out, terminalJSON{TerminalID: t.ID, CreatedAt: t.Created.UTC(), Viewers: t.Viewers(), Running: t.Running()})
 	}
 	c.JSON(http.StatusOK, gin.H{"terminals": out})
 }
@@ -418,11 +231,11 @@ func (s *Server) killTerminal(c *gin.Context) {
 	if !ok {
 		return
 	}
-	t := s.terms.get(c.Param("terminalId"))
-	if t == nil || t.sessionPK != ses.ID {
+	t := s.terms.Get(ses.ID, c.Param("terminalId"))
+	if t == nil {
 		s.writeError(c, errdefs.NotFound("no such terminal"))
 		return
 	}
-	s.terms.remove(t)
+	s.terms.Remove(t)
 	c.Status(http.StatusNoContent)
 }

@@ -1,4 +1,4 @@
-// Package kernel holds the programs that keep a code-runtime context alive
+// Package interp holds the interpreters that keep a code context alive
 // inside a sandbox (python.py, node.js) and the framing of their output.
 //
 // Protocol: the server writes a nonce line, then one JSON Request line per
@@ -8,7 +8,7 @@
 // "\n" on stderr. Bytes before the marks are the run's output, child processes'
 // included; a program that prints something mark-like without the nonce
 // only prints text.
-package kernel
+package interp
 
 import (
 	_ "embed"
@@ -21,10 +21,10 @@ var pythonSource string
 //go:embed node.js
 var nodeSource string
 
-// Languages are the runtimes with a kernel, by the name used in routes.
+// Languages are the languages with an interpreter, by the name used in routes.
 var Languages = []string{"python", "node"}
 
-// Args returns the command line that starts lang's kernel in the sandbox.
+// Args returns the command line that starts lang's interpreter in the sandbox.
 func Args(lang string) ([]string, error) {
 	switch lang {
 	case "python":
@@ -34,16 +34,16 @@ func Args(lang string) ([]string, error) {
 		// requests on fd 3 and /dev/null on fd 0.
 		return []string{"/bin/sh", "-c", `exec 3<&0 </dev/null; exec /usr/bin/node -e "$1"`, "sandboxd-node", nodeSource}, nil
 	}
-	return nil, fmt.Errorf("kernel: no runtime %q", lang)
+	return nil, fmt.Errorf("interp: no language %q", lang)
 }
 
 // Mark is what precedes a run's result frame on stdout and its end on stderr.
 func Mark(nonce string) []byte { return []byte("\x1e" + nonce + "\x1f") }
 
-// MaxDisplayBytes bounds a run's rich output; a kernel drops what is over.
+// MaxDisplayBytes bounds a run's rich output; an interpreter drops what is over.
 const MaxDisplayBytes = 8 << 20
 
-// Request is one run, as a line on the kernel's stdin. MaxResult (in
+// Request is one run, as a line on the interpreter's stdin. MaxResult (in
 // characters) and MaxDisplay (in bytes) bound the result frame.
 type Request struct {
 	Code       string `json:"code"`
@@ -52,7 +52,7 @@ type Request struct {
 	MaxDisplay int    `json:"maxDisplay"`
 }
 
-// Result is a run's outcome as the kernel reports it, for request Seq.
+// Result is a run's outcome as the interpreter reports it, for request Seq.
 type Result struct {
 	Seq       uint64    `json:"seq"`
 	Result    *string   `json:"result"`

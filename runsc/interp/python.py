@@ -1,7 +1,7 @@
 # sandboxd's Python context: one interpreter whose namespace persists between
-# runs. Protocol (see kernel.go): the first stdin line is a nonce; then each
+# runs. Protocol (see interp.go): the first stdin line is a nonce; then each
 # stdin line is a JSON request {"code", "seq", "maxResult", "maxDisplay"}.
-# After each run the kernel writes MARK + JSON result + "\n" on stdout and
+# After each run the interpreter writes MARK + JSON result + "\n" on stdout and
 # MARK + seq + "\n" on stderr, where MARK = "\x1e" + nonce + "\x1f";
 # everything else on the two streams is the run's output (child processes'
 # included).

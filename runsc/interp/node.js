@@ -1,7 +1,7 @@
 // sandboxd's Node.js context: one global scope that persists between runs
 // (top-level let/const/function stay defined). Same protocol as python.py,
-// read from fd 3 (kernel.Args moves it there; fd 0 is /dev/null, so child
-// processes cannot read requests). The kernel's own names live in this
+// read from fd 3 (interp.Args moves it there; fd 0 is /dev/null, so child
+// processes cannot read requests). The interpreter's own names live in this
 // function, out of the cells' reach.
 (function () {
   'use strict';
@@ -55,7 +55,7 @@
   }
 
   // cellStack keeps a stack's message and the frames up to the last one in
-  // the cell (the kernel's own frames say nothing to the caller).
+  // the cell (the interpreter's own frames say nothing to the caller).
   function cellStack(stack) {
     const lines = String(stack || '').split('\n');
     let last = 0;

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"sandboxd/server/procs"
 )
 
 // runCode calls a code runtime route and decodes its answer.
@@ -251,7 +253,7 @@ time.sleep(0.3)
 	})
 
 	t.Run("context limit and teardown", func(t *testing.T) {
-		for i := 0; i < maxContextsPerSession+2; i++ {
+		for i := 0; i < procs.MaxContextsPerSession+2; i++ {
 			run("python", map[string]any{"code": "1", "contextId": fmt.Sprintf("many%d", i)})
 		}
 		count := func() int {
@@ -260,8 +262,8 @@ time.sleep(0.3)
 			fmt.Sscanf(r.Stdout, "%d", &n)
 			return n
 		}
-		if n := count(); n != maxContextsPerSession {
-			t.Fatalf("%d interpreters for a limit of %d", n, maxContextsPerSession)
+		if n := count(); n != procs.MaxContextsPerSession {
+			t.Fatalf("%d interpreters for a limit of %d", n, procs.MaxContextsPerSession)
 		}
 		// A client that gives up while the context is busy: its code never runs.
 		busy := make(chan codeResponse)
@@ -309,10 +311,7 @@ time.sleep(0.3)
 		if r := run("python", map[string]any{"code": "x"}); r.Error == nil || r.Error.Name != "NameError" {
 			t.Fatalf("a context outlived its sandbox: %+v", r)
 		}
-		h.s.kernels.mu.Lock()
-		n := len(h.s.kernels.m)
-		h.s.kernels.mu.Unlock()
-		if n != 1 {
+		if n := h.s.contexts.Count(); n != 1 {
 			t.Fatalf("%d contexts held, want 1", n)
 		}
 	})

@@ -1,0 +1,163 @@
+package server
+
+import (
+	"net/http"
+	"regexp"
+	"time"
+
+	"github.com/gin-gonic/gin"
+
+	"sandboxd/runsc/interp"
+	"sandboxd/server/errdefs"
+	"sandboxd/server/procs"
+	"sandboxd/store"
+)
+
+// Code runtimes: POST /v1/sandbox/python/:sessionId and /node/:sessionId run
+// code in a context, a long-lived interpreter inside the sandbox (started by
+// the agent as the sandbox user) whose state persists between runs with the
+// same contextId. Contexts live as long as the sandbox and the server
+// process: teardown, death of the sandbox or a server restart ends them.
+const (
+	defaultContextID = "default"
+	maxCodeBytes     = 1 << 20
+)
+
+var contextIDRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
+
+type codeRequest struct {
+	Code      string `json:"code"`
+	TimeoutMs *int64 `json:"timeoutMs"`
+	ContextID string `json:"contextId"`
+}
+
+// codeResponse is the contract's run result, plus timedOut and truncated as
+// in exec.
+type codeResponse struct {
+	Stdout     string           `json:"stdout"`
+	Stderr     string           `json:"stderr"`
+	Result     *string          `json:"result"`
+	Error      *interp.Error    `json:"error"`
+	Display    []interp.Display `json:"display"`
+	ContextID  string           `json:"contextId"`
+	DurationMs int64            `json:"durationMs"`
+	TimedOut   bool             `json:"timedOut"`
+	Truncated  bool             `json:"truncated"`
+}
+
+// runCode returns the handler of lang's runtime route.
+func (s *Server) runCode(lang string) gin.HandlerFunc {
+	return func(c *gin.Context) {
+		ses, ok := s.sessionFor(c)
+		if !ok {
+			return
+		}
+		var req codeRequest
+		if err := decodeJSON(c, &req); err != nil {
+			s.writeError(c, err)
+			return
+		}
+		if req.Code == "" || len(req.Code) > maxCodeBytes {
+			s.writeError(c, badRequest("code: required, at most 1 MiB"))
+			return
+		}
+		if req.ContextID == "" {
+			req.ContextID = defaultContextID
+		}
+		if !contextIDRe.MatchString(req.ContextID) {
+			s.writeError(c, badRequest("contextId: 1-64 characters of letters, digits, '.', '_' or '-', starting with a letter or digit"))
+			return
+		}
+		timeout, aerr := s.timeout(req.TimeoutMs, 30*time.Second)
+		if aerr != nil {
+			s.writeError(c, aerr)
+			return
+		}
+		auditDetail(c, "contextId", req.ContextID)
+		if ses.Status != store.StatusRunning {
+			s.writeError(c, errdefs.Conflict("session is %s; code runs only in a running session", ses.Status))
+			return
+		}
+		secrets, err := s.db.Secrets(c.Request.Context(), ses.ID)
+		if err != nil {
+			s.writeError(c, err)
+			return
+		}
+		end, ok := s.sb.begin(ses.ID, s.cfg.Limits.MaxExecsPerSession)
+		if !ok {
+			s.writeError(c, errdefs.RateLimited("at most %d commands run at once in a session; retry when one ends", s.cfg.Limits.MaxExecsPerSession))
+			return
+		}
+		defer end()
+		// A run waits for the context's previous one at most its own timeout,
+		// and never runs for a client that has gone.
+		k, aerr := s.contexts.Acquire(c.Request.Context(), procs.Key{PK: ses.ID, Lang: lang, ContextID: req.ContextID}, timeout)
+		if aerr != nil {
+			s.writeError(c, aerr)
+			return
+		}
+		defer k.Release()
+		set := s.scrub.forSession(ses.ID, secrets)
+		if !k.Started() {
+			env := setEnv(commandEnv(ses.Env, secrets, nil), "MPLBACKEND", "Agg")
+			// A frame holds the result (at most 4 bytes a character in UTF-8)
+			// and the rich output.
+			maxFrame := 4*s.cfg.Limits.ExecOutputBytes + interp.MaxDisplayBytes + 64<<10
+			if err := k.Start(c.Request.Context(), s.rt, ses.ContainerID, env, maxFrame); err != nil {
+				s.contexts.Drop(k)
+				s.log.Warn("start code context", "session", ses.SessionID, "runtime", lang, "err", err)
+				s.noteDead(ses)
+				s.writeError(c, errdefs.Conflict("the %s context could not start: %s", lang, procs.AgentMessage(err)))
+				return
+			}
+		}
+		s.logs.Event(ses.ID, "process_start", map[string]any{"runtime": lang, "contextId": req.ContextID,
+			"code": clip(string(set.Redact([]byte(req.Code))), 256)})
+		out := newCappedOutput(s.cfg.Limits.ExecOutputBytes)
+		stdout, stderr := set.NewWriter(out.writer(&out.stdout)), set.NewWriter(out.writer(&out.stderr))
+		start := time.Now()
+		res, timedOut, runErr := k.Run(c.Request.Context(), req.Code, s.cfg.Limits.ExecOutputBytes, timeout, stdout, stderr)
+		stdout.Close()
+		stderr.Close()
+		if runErr != nil {
+			// The context is gone (it exited, or ignored the interrupt and was
+			// killed): the next run starts a fresh one.
+			s.contexts.Drop(k)
+			k.Kill()
+			s.noteDead(ses)
+			name, msg := "ContextLost", "the context's process ended; its state is gone and the next run starts a fresh context"
+			if timedOut {
+				name, msg = "Timeout", "the run did not stop within timeoutMs after an interrupt; the context was restarted and its state is gone"
+			}
+			res = interp.Result{Error: &interp.Error{Name: name, Value: msg}}
+		}
+		resp := codeResponse{
+			Stdout: out.stdout.String(), Stderr: out.stderr.String(), Error: res.Error,
+			ContextID: req.ContextID, DurationMs: time.Since(start).Milliseconds(), TimedOut: timedOut,
+		}
+		resp.Truncated = out.truncated || res.Truncated
+		redact := func(v string) string { return string(set.Redact([]byte(v))) }
+		if res.Result != nil {
+			r := redact(*res.Result)
+			if len(r) > s.cfg.Limits.ExecOutputBytes {
+				r, resp.Truncated = r[:s.cfg.Limits.ExecOutputBytes], true
+			}
+			resp.Result = &r
+		}
+		if resp.Error != nil {
+			e := resp.Error
+			e.Name, e.Value, e.Traceback = clip(redact(e.Name), 256), redact(e.Value), redact(e.Traceback)
+		}
+		resp.Display = make([]interp.Display, 0, len(res.Display))
+		for _, d := range res.Display {
+			resp.Display = append(resp.Display, interp.Display{Mime: clip(redact(d.Mime), 128), Data: redact(d.Data)})
+		}
+		exit := map[string]any{"runtime": lang, "contextId": req.ContextID, "durationMs": resp.DurationMs, "timedOut": timedOut}
+		if resp.Error != nil {
+			exit["error"] = resp.Error.Name
+		}
+		s.logs.Event(ses.ID, "process_exit", exit)
+		auditDetail(c, "durationMs", resp.DurationMs)
+		c.JSON(http.StatusOK, resp)
+	}
+}
