@@ -72,7 +72,7 @@ func (s *Server) routes() *gin.Engine {
 	op("POST", "/sandbox/:sessionId/teardown", "sandbox.teardown", PermProjectUpdate, s.teardown)
 	op("POST", "/sandbox/:sessionId/resume", "sandbox.resume", PermProjectUpdate, s.resume)
 	op("DELETE", "/sandbox/:sessionId", "sandbox.delete", PermProjectUpdate, s.deleteSandbox)
-	op("POST", "/sandbox/terminal/:sessionId", "sandbox.terminal", PermProjectUpdate, s.terminal)
+	op("POST", "/sandbox/terminal/:sessionId", "sandbox.terminal", PermProjectUpdate, s.exec)
 	op("POST", "/sandbox/python/:sessionId", "sandbox.python", PermProjectUpdate, s.runCode("python"))
 	op("POST", "/sandbox/node/:sessionId", "sandbox.node", PermProjectUpdate, s.runCode("node"))
 	op("GET", "/sandbox/terminal/:sessionId/ws", "sandbox.terminal_ws", PermProjectUpdate, s.terminalWS)

@@ -3,171 +3,34 @@ package server
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"sandboxd/runsc"
-	"sandboxd/runsc/agent"
 	"sandboxd/server/config"
+	"sandboxd/server/sandbox/sandboxtest"
 	"sandboxd/store"
 )
 
 // API tests: the real Gin handler and a real SQLite store, with a fake
 // runtime that records what the server asks of it. No root, no gVisor.
 
-// fakeRuntime implements Runtime.
-type fakeRuntime struct {
-	mu         sync.Mutex
-	wsRoot     string
-	calls      []string // "create <id>", "destroy <id> keep=<bool>", "exec <id>", "inspect <id>"
-	created    []runsc.Sandbox
-	execs      []runsc.ExecRequest
-	createErr  error
-	destroyErr error
-	inspect    runsc.State
-	// exec, if set, runs for Exec; by default Exec prints "ok" and exits 0.
-	exec func(req runsc.ExecRequest) (runsc.ExecResult, error)
-	// createGate, if set, makes Create signal createStarted and wait for it.
-	createGate    chan struct{}
-	createStarted chan struct{}
-}
-
-var _ Runtime = (*fakeRuntime)(nil)
-
-func (f *fakeRuntime) ContainerID(orgID, sessionID string) string {
-	sum := sha256.Sum256([]byte(orgID + "\x00" + sessionID))
-	return "sbxtest-" + hex.EncodeToString(sum[:8])
-}
-
-func (f *fakeRuntime) record(s string) {
-	f.mu.Lock()
-	f.calls = append(f.calls, s)
-	f.mu.Unlock()
-}
-
-func (f *fakeRuntime) Create(ctx context.Context, sb runsc.Sandbox) error {
-	if f.createGate != nil {
-		f.createStarted <- struct{}{}
-		<-f.createGate
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.calls = append(f.calls, "create "+sb.ID)
-	f.created = append(f.created, sb)
-	if f.createErr != nil {
-		return f.createErr
-	}
-	ws := filepath.Join(f.wsRoot, sb.ID)
-	if err := os.MkdirAll(ws, 0o755); err != nil {
-		return err
-	}
-	return os.WriteFile(filepath.Join(ws, "README"), []byte("hello"), 0o644)
-}
-
-func (f *fakeRuntime) Destroy(ctx context.Context, id string, o runsc.DestroyOpts) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.calls = append(f.calls, fmt.Sprintf("destroy %s keep=%v", id, o.KeepDisk))
-	return f.destroyErr
-}
-
-func (f *fakeRuntime) Inspect(ctx context.Context, id string) (runsc.State, error) {
-	f.record("inspect " + id)
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	st := f.inspect
-	st.ID = id
-	if st.Status == "" {
-		st.Status = runsc.StatusRunning
-	}
-	return st, nil
-}
-
-func (f *fakeRuntime) Exec(ctx context.Context, id string, req runsc.ExecRequest) (runsc.ExecResult, error) {
-	f.mu.Lock()
-	f.calls = append(f.calls, "exec "+id)
-	f.execs = append(f.execs, req)
-	fn := f.exec
-	f.mu.Unlock()
-	if fn != nil {
-		return fn(req)
-	}
-	io.WriteString(req.Stdout, "ok\n")
-	return runsc.ExecResult{Duration: 5 * time.Millisecond}, nil
-}
-
-func (f *fakeRuntime) Collect(ctx context.Context, keep map[string]bool) []string { return nil }
-
-// OpenWorkspace opens the fake sandbox's workspace, a plain directory.
-func (f *fakeRuntime) OpenWorkspace(id string, readOnly bool) (*os.File, func() error, error) {
-	d, err := os.Open(filepath.Join(f.wsRoot, id))
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil, runsc.ErrNoDisk
-	}
-	if err != nil {
-		return nil, nil, err
-	}
-	return d, d.Close, nil
-}
-
-func (f *fakeRuntime) KernelLog(id string) string { return filepath.Join(f.wsRoot, id+".kernel.log") }
-
-func (f *fakeRuntime) ReleaseIdle() {}
-
-func (f *fakeRuntime) KillAll(ctx context.Context, id string) error {
-	f.record("killall " + id)
-	return nil
-}
-
-func (f *fakeRuntime) CleanExecFiles() {}
-
-// ListenProxy gives the fake sandbox a loopback listener for its proxy.
-func (f *fakeRuntime) ListenProxy(id string) (net.Listener, error) {
-	return net.Listen("tcp", "127.0.0.1:0")
-}
-
-func (f *fakeRuntime) StartDirect(ctx context.Context, id string, s agent.Spec) (runsc.Process, error) {
-	f.record("startdirect " + id)
-	return nil, errors.New("no runsc in the fake runtime")
-}
-
-func (f *fakeRuntime) Start(ctx context.Context, id string, s agent.Spec) (runsc.Process, error) {
-	f.record("start " + id)
-	return nil, &agent.AgentError{Message: "no agent in the fake runtime"}
-}
-
-func (f *fakeRuntime) callsWith(prefix string) []string {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	var out []string
-	for _, c := range f.calls {
-		if strings.HasPrefix(c, prefix) {
-			out = append(out, c)
-		}
-	}
-	return out
-}
-
 type apiEnv struct {
 	t     *testing.T
 	s     *Server
 	db    *store.DB
-	rt    *fakeRuntime
+	rt    *sandboxtest.Runtime
 	owner store.Principal
 	token string // the owner's
 }
@@ -196,7 +59,7 @@ func newAPIEnvWith(t *testing.T, cfg *config.Config, log *slog.Logger) *apiEnv {
 	if err != nil || !created {
 		t.Fatalf("bootstrap: %v %v", created, err)
 	}
-	rt := &fakeRuntime{wsRoot: t.TempDir()}
+	rt := &sandboxtest.Runtime{WorkspaceRoot: t.TempDir()}
 	s, err := newServer(cfg, db, rt, "/fake/image", log)
 	if err != nil {
 		t.Fatal(err)
@@ -341,8 +204,8 @@ func TestAPIAuthRequired(t *testing.T) {
 	// Auth comes before validation and permission checks.
 	apiError(t, e.do("POST", "/v1/sandbox", "bad", "{"), http.StatusUnauthorized, "unauthenticated")
 	apiError(t, e.get("", "x"), http.StatusUnauthorized, "unauthenticated")
-	if len(e.rt.callsWith("")) != 0 {
-		t.Errorf("runtime called: %v", e.rt.calls)
+	if len(e.rt.CallsWith("")) != 0 {
+		t.Errorf("runtime called: %v", e.rt.Calls)
 	}
 	// The good token works; the health check needs none.
 	decodeBody[map[string]any](t, e.do("GET", "/v1/sandbox", e.token, nil), http.StatusOK)
@@ -392,7 +255,7 @@ func TestAPIMalformedBodies(t *testing.T) {
 	if !strings.Contains(msg, `"admin"`) {
 		t.Errorf("tokens unknown field: %q", msg)
 	}
-	if n := len(e.rt.callsWith("create")); n != 0 {
+	if n := len(e.rt.CallsWith("create")); n != 0 {
 		t.Errorf("Create called %d times", n)
 	}
 	if l := e.list(e.token); len(l) != 0 {
@@ -437,7 +300,7 @@ func TestAPIBodyTooLarge(t *testing.T) {
 	if rec.Code == http.StatusRequestEntityTooLarge {
 		t.Errorf("body of exactly maxBodyBytes rejected as too large")
 	}
-	if n := len(e.rt.callsWith("create")); n > 1 {
+	if n := len(e.rt.CallsWith("create")); n > 1 {
 		t.Errorf("Create called %d times", n)
 	}
 }
@@ -476,7 +339,7 @@ func TestAPIProvisionValidation(t *testing.T) {
 			t.Errorf("%s: message leaks a secret value: %q", c.name, msg)
 		}
 	}
-	if n := len(e.rt.callsWith("create")); n != 0 {
+	if n := len(e.rt.CallsWith("create")); n != 0 {
 		t.Errorf("Create called %d times", n)
 	}
 	if l := e.list(e.token); len(l) != 0 {
@@ -490,7 +353,7 @@ func TestAPIProvisionGitHubNotConnected(t *testing.T) {
 	e := newAPIEnv(t)
 	body := map[string]any{"sessionId": "gh-1", "gitRepo": "octo/repo", "gitBranch": "feature/x-1"}
 	apiError(t, e.do("POST", "/v1/sandbox", e.token, body), http.StatusPreconditionFailed, "github_not_connected")
-	if c := e.rt.callsWith("create"); len(c) != 0 {
+	if c := e.rt.CallsWith("create"); len(c) != 0 {
 		t.Errorf("Create called: %v", c)
 	}
 	apiError(t, e.get(e.token, "gh-1"), http.StatusNotFound, "not_found")
@@ -520,10 +383,10 @@ func TestAPIProvisionSizes(t *testing.T) {
 		t.Errorf("null/empty fields: %+v", sb)
 	}
 	// The runtime got the resolved size's limits, the image and the container id.
-	if len(e.rt.created) != 1 {
-		t.Fatalf("created = %v", e.rt.created)
+	if len(e.rt.Created) != 1 {
+		t.Fatalf("created = %v", e.rt.Created)
 	}
-	got := e.rt.created[0]
+	got := e.rt.Created[0]
 	wantLimits := runsc.Limits{VCPUs: 2, MemoryMiB: 2048, DiskMiB: 16384, Pids: 1024, Processes: runsc.DefaultProcesses(1024)}
 	if got.ID != e.rt.ContainerID(e.owner.Org.ID, "legacy-1") || got.Image != "/fake/image" || got.Limits != wantLimits {
 		t.Errorf("Create(%+v)", got)
@@ -556,7 +419,7 @@ func TestAPIProvisionSecretsAndEnv(t *testing.T) {
 			t.Errorf("secret value in %s", rec.Body)
 		}
 	}
-	e.rt.exec = func(req runsc.ExecRequest) (runsc.ExecResult, error) {
+	e.rt.ExecFn = func(req runsc.ExecRequest) (runsc.ExecResult, error) {
 		fmt.Fprintf(req.Stdout, "token=s3cr3t-value\n")
 		fmt.Fprintf(req.Stderr, "key-123456!")
 		return runsc.ExecResult{ExitCode: 3, Duration: 1500 * time.Millisecond}, nil
@@ -567,14 +430,18 @@ func TestAPIProvisionSecretsAndEnv(t *testing.T) {
 	if res.Stdout != "token=[REDACTED:TOKEN]\n" || res.Stderr != "[REDACTED:API_KEY]!" || res.ExitCode != 3 || res.DurationMs != 1500 {
 		t.Errorf("exec = %+v", res)
 	}
-	xr := e.rt.execs[0]
+	xr := e.rt.Execs[0]
 	if !slices.Equal(xr.Args, []string{"/bin/bash", "-lc", "env"}) || xr.Cwd != runsc.Workspace || xr.Stdin != nil {
 		t.Errorf("exec request args %q cwd %q", xr.Args, xr.Cwd)
 	}
 	if xr.Timeout != time.Duration(e.s.cfg.Limits.ExecDefaultTimeoutMs)*time.Millisecond {
 		t.Errorf("default timeout = %v", xr.Timeout)
 	}
-	env := envMap(t, xr.Env)
+	env := map[string]string{}
+	for _, kv := range xr.Env {
+		k, v, _ := strings.Cut(kv, "=")
+		env[k] = v
+	}
 	for k, v := range map[string]string{"A": "session", "B": "request", "C": "request", "TOKEN": "s3cr3t-value",
 		"API_KEY": "key-123456", "HOME": runsc.UserHome, "USER": "user", "PATH": runsc.BasePath} {
 		if env[k] != v {
@@ -590,7 +457,7 @@ func TestAPIProvisionConflict(t *testing.T) {
 	if !strings.Contains(msg, "dup") {
 		t.Errorf("message %q", msg)
 	}
-	if n := len(e.rt.callsWith("create")); n != 1 {
+	if n := len(e.rt.CallsWith("create")); n != 1 {
 		t.Errorf("Create called %d times", n)
 	}
 	// The first session is unchanged.
@@ -601,7 +468,7 @@ func TestAPIProvisionConflict(t *testing.T) {
 
 func TestAPIProvisionCreateFailure(t *testing.T) {
 	e := newAPIEnv(t, func(c *config.Config) { c.Limits.MaxSandboxes = 1 })
-	e.rt.createErr = errors.New("runsc create: /var/lib/secret/path exploded")
+	e.rt.CreateErr = errors.New("runsc create: /var/lib/secret/path exploded")
 	body := map[string]any{"sessionId": "retry-1", "secrets": map[string]string{"TOKEN": "s3cr3t-value"}}
 	msg := apiError(t, e.do("POST", "/v1/sandbox", e.token, body), http.StatusServiceUnavailable, "unavailable")
 	if strings.Contains(msg, "exploded") || strings.Contains(msg, "/var/lib") {
@@ -614,14 +481,14 @@ func TestAPIProvisionCreateFailure(t *testing.T) {
 	}
 	// The same id can be provisioned again, and the capacity slot was given back
 	// (MaxSandboxes is 1).
-	e.rt.mu.Lock()
-	e.rt.createErr = nil
-	e.rt.mu.Unlock()
+	e.rt.Mu.Lock()
+	e.rt.CreateErr = nil
+	e.rt.Mu.Unlock()
 	sb := e.provision(e.token, body)
 	if sb.Status != store.StatusRunning || !slices.Equal(sb.SecretNames, []string{"TOKEN"}) {
 		t.Errorf("retry = %+v", sb)
 	}
-	if n := len(e.rt.callsWith("create")); n != 2 {
+	if n := len(e.rt.CallsWith("create")); n != 2 {
 		t.Errorf("Create called %d times", n)
 	}
 	// At capacity now.
@@ -637,11 +504,11 @@ func TestAPIProvisionCreateFailure(t *testing.T) {
 // failed) must answer 404, like for any unknown session.
 func TestAPITeardownDuringFailedProvision(t *testing.T) {
 	e := newAPIEnv(t)
-	e.rt.createGate, e.rt.createStarted = make(chan struct{}), make(chan struct{})
-	e.rt.createErr = errors.New("boom")
+	e.rt.CreateGate, e.rt.CreateStarted = make(chan struct{}), make(chan struct{})
+	e.rt.CreateErr = errors.New("boom")
 	provDone := make(chan *httptest.ResponseRecorder)
 	go func() { provDone <- e.do("POST", "/v1/sandbox", e.token, map[string]any{"sessionId": "race-1"}) }()
-	<-e.rt.createStarted
+	<-e.rt.CreateStarted
 	if sb := decodeBody[sandboxObject](t, e.get(e.token, "race-1"), http.StatusOK); sb.Status != store.StatusProvisioning {
 		t.Errorf("during create: %s", sb.Status)
 	}
@@ -650,7 +517,7 @@ func TestAPITeardownDuringFailedProvision(t *testing.T) {
 	tdDone := make(chan *httptest.ResponseRecorder)
 	go func() { tdDone <- e.do("POST", "/v1/sandbox/race-1/teardown", e.token, nil) }()
 	time.Sleep(100 * time.Millisecond) // let the teardown find the row and wait for its lock
-	close(e.rt.createGate)
+	close(e.rt.CreateGate)
 	apiError(t, <-provDone, http.StatusServiceUnavailable, "unavailable")
 	rec := <-tdDone
 	if rec.Code == http.StatusInternalServerError {
@@ -665,16 +532,16 @@ func TestAPITeardownDuringFailedProvision(t *testing.T) {
 func TestAPITeardownRetryReleasesCapacity(t *testing.T) {
 	e := newAPIEnv(t, func(c *config.Config) { c.Limits.MaxSandboxes = 1 })
 	e.provision(e.token, map[string]any{"sessionId": "td-1"})
-	e.rt.mu.Lock()
-	e.rt.destroyErr = errors.New("device busy")
-	e.rt.mu.Unlock()
+	e.rt.Mu.Lock()
+	e.rt.DestroyErr = errors.New("device busy")
+	e.rt.Mu.Unlock()
 	apiError(t, e.do("POST", "/v1/sandbox/td-1/teardown", e.token, nil), http.StatusServiceUnavailable, "unavailable")
 	if sb := decodeBody[sandboxObject](t, e.get(e.token, "td-1"), http.StatusOK); sb.Status != store.StatusStopping {
 		t.Errorf("after failed teardown: %s", sb.Status)
 	}
-	e.rt.mu.Lock()
-	e.rt.destroyErr = nil
-	e.rt.mu.Unlock()
+	e.rt.Mu.Lock()
+	e.rt.DestroyErr = nil
+	e.rt.Mu.Unlock()
 	sb := decodeBody[sandboxObject](t, e.do("POST", "/v1/sandbox/td-1/teardown", e.token, nil), http.StatusOK)
 	if sb.Status != store.StatusStopped {
 		t.Errorf("after retried teardown: %s", sb.Status)
@@ -715,11 +582,11 @@ func TestAPIViewer(t *testing.T) {
 	if u, _ := me["user"].(map[string]any); u["id"] != viewer.ID {
 		t.Errorf("viewer /v1/me user = %v", me["user"])
 	}
-	if n := len(e.rt.callsWith("create")); n != 1 {
+	if n := len(e.rt.CallsWith("create")); n != 1 {
 		t.Errorf("Create called %d times", n)
 	}
-	if n := len(e.rt.callsWith("exec")) + len(e.rt.callsWith("destroy")); n != 0 {
-		t.Errorf("runtime calls by a viewer: %v", e.rt.calls)
+	if n := len(e.rt.CallsWith("exec")) + len(e.rt.CallsWith("destroy")); n != 0 {
+		t.Errorf("runtime calls by a viewer: %v", e.rt.Calls)
 	}
 	// A developer may provision and exec, but not read the audit log.
 	_, dtok := e.addMember(store.RoleDeveloper)
@@ -750,14 +617,14 @@ func TestAPICrossOrg(t *testing.T) {
 	if l := e.list(e.token); len(l) != 0 {
 		t.Errorf("owner sees %+v", l)
 	}
-	if n := len(e.rt.callsWith("exec")) + len(e.rt.callsWith("destroy")); n != 0 {
-		t.Errorf("runtime calls across orgs: %v", e.rt.calls)
+	if n := len(e.rt.CallsWith("exec")) + len(e.rt.CallsWith("destroy")); n != 0 {
+		t.Errorf("runtime calls across orgs: %v", e.rt.Calls)
 	}
 	// Session ids are per organization: the owner may use the same one, and
 	// gets a different container.
 	mine := e.provision(e.token, map[string]any{"sessionId": "shared"})
-	if mine.OrgID != e.owner.Org.ID || e.rt.created[0].ID == e.rt.created[1].ID {
-		t.Errorf("same session id in two orgs: %+v %v", mine, e.rt.created)
+	if mine.OrgID != e.owner.Org.ID || e.rt.Created[0].ID == e.rt.Created[1].ID {
+		t.Errorf("same session id in two orgs: %+v %v", mine, e.rt.Created)
 	}
 	// The other org's session is untouched.
 	if sb := decodeBody[sandboxObject](t, e.get(otok, "shared"), http.StatusOK); sb.Status != "running" || sb.OrgID != other.Org.ID {
@@ -799,12 +666,12 @@ func TestAPIExecValidation(t *testing.T) {
 	}
 	apiError(t, e.exec(e.token, "-bad", map[string]any{"action": "exec", "command": "id"}), http.StatusBadRequest, "invalid_session_id")
 	apiError(t, e.exec(e.token, "nope", map[string]any{"action": "exec", "command": "id"}), http.StatusNotFound, "not_found")
-	if c := e.rt.callsWith("exec"); len(c) != 0 {
+	if c := e.rt.CallsWith("exec"); len(c) != 0 {
 		t.Errorf("Exec called: %v", c)
 	}
 	// Valid: explicit cwd, timeout and stdin reach the runtime.
 	var gotStdin string
-	e.rt.exec = func(req runsc.ExecRequest) (runsc.ExecResult, error) {
+	e.rt.ExecFn = func(req runsc.ExecRequest) (runsc.ExecResult, error) {
 		b, _ := io.ReadAll(req.Stdin)
 		gotStdin = string(b)
 		return runsc.ExecResult{}, nil
@@ -812,7 +679,7 @@ func TestAPIExecValidation(t *testing.T) {
 	decodeBody[execResponse](t, e.exec(e.token, "x-1", map[string]any{
 		"action": "exec", "command": "cat", "cwd": "/tmp", "timeoutMs": 1500, "stdin": "input",
 	}), http.StatusOK)
-	if xr := e.rt.execs[0]; xr.Cwd != "/tmp" || xr.Timeout != 1500*time.Millisecond || gotStdin != "input" {
+	if xr := e.rt.Execs[0]; xr.Cwd != "/tmp" || xr.Timeout != 1500*time.Millisecond || gotStdin != "input" {
 		t.Errorf("exec request cwd %q timeout %v stdin %q", xr.Cwd, xr.Timeout, gotStdin)
 	}
 }
@@ -820,7 +687,7 @@ func TestAPIExecValidation(t *testing.T) {
 func TestAPIExecOutputCapped(t *testing.T) {
 	e := newAPIEnv(t, func(c *config.Config) { c.Limits.ExecOutputBytes = 1024 })
 	e.provision(e.token, map[string]any{"sessionId": "cap"})
-	e.rt.exec = func(req runsc.ExecRequest) (runsc.ExecResult, error) {
+	e.rt.ExecFn = func(req runsc.ExecRequest) (runsc.ExecResult, error) {
 		req.Stdout.Write(bytes.Repeat([]byte("o"), 1000))
 		req.Stderr.Write(bytes.Repeat([]byte("e"), 1000))
 		return runsc.ExecResult{}, nil
@@ -835,10 +702,10 @@ func TestAPIExecRuntimeErrors(t *testing.T) {
 	e := newAPIEnv(t)
 	e.provision(e.token, map[string]any{"sessionId": "err-1"})
 	body := map[string]any{"action": "exec", "command": "id", "cwd": "/nope"}
-	e.rt.exec = func(runsc.ExecRequest) (runsc.ExecResult, error) { return runsc.ExecResult{}, runsc.ErrBadCwd }
+	e.rt.ExecFn = func(runsc.ExecRequest) (runsc.ExecResult, error) { return runsc.ExecResult{}, runsc.ErrBadCwd }
 	apiError(t, e.exec(e.token, "err-1", body), http.StatusBadRequest, "invalid_request")
 
-	e.rt.exec = func(runsc.ExecRequest) (runsc.ExecResult, error) {
+	e.rt.ExecFn = func(runsc.ExecRequest) (runsc.ExecResult, error) {
 		return runsc.ExecResult{}, errors.New("runsc exec: /host/path secret argv")
 	}
 	msg := apiError(t, e.exec(e.token, "err-1", body), http.StatusInternalServerError, "internal")
@@ -847,7 +714,7 @@ func TestAPIExecRuntimeErrors(t *testing.T) {
 	}
 
 	// The sandbox died with an OOM during the command: the session is failed.
-	e.rt.exec = func(runsc.ExecRequest) (runsc.ExecResult, error) {
+	e.rt.ExecFn = func(runsc.ExecRequest) (runsc.ExecResult, error) {
 		return runsc.ExecResult{ExitCode: 137, OOM: true, Died: true}, nil
 	}
 	res := decodeBody[execResponse](t, e.exec(e.token, "err-1", map[string]any{"action": "exec", "command": "id"}), http.StatusOK)
@@ -862,10 +729,10 @@ func TestAPIExecRuntimeErrors(t *testing.T) {
 
 	// ErrNotRunning: the server inspects the sandbox and records its death.
 	e.provision(e.token, map[string]any{"sessionId": "err-2"})
-	e.rt.mu.Lock()
-	e.rt.inspect = runsc.State{Status: runsc.StatusStopped}
-	e.rt.mu.Unlock()
-	e.rt.exec = func(runsc.ExecRequest) (runsc.ExecResult, error) { return runsc.ExecResult{}, runsc.ErrNotRunning }
+	e.rt.Mu.Lock()
+	e.rt.InspectState = runsc.State{Status: runsc.StatusStopped}
+	e.rt.Mu.Unlock()
+	e.rt.ExecFn = func(runsc.ExecRequest) (runsc.ExecResult, error) { return runsc.ExecResult{}, runsc.ErrNotRunning }
 	apiError(t, e.exec(e.token, "err-2", map[string]any{"action": "exec", "command": "id"}), http.StatusConflict, "conflict")
 	sb = decodeBody[sandboxObject](t, e.get(e.token, "err-2"), http.StatusOK)
 	if sb.Status != store.StatusFailed || sb.StatusReason == nil || *sb.StatusReason != "exited" {
@@ -897,7 +764,7 @@ func TestAPITeardownIdempotent(t *testing.T) {
 	if second.Status != store.StatusStopped || !second.StoppedAt.Equal(*first.StoppedAt) || second.Credits != first.Credits {
 		t.Errorf("second teardown = %+v", second)
 	}
-	if d := e.rt.callsWith("destroy"); !slices.Equal(d, []string{"destroy " + cid + " keep=true"}) {
+	if d := e.rt.CallsWith("destroy"); !slices.Equal(d, []string{"destroy " + cid + " keep=true"}) {
 		t.Errorf("destroy calls = %v, want one keeping the disk", d)
 	}
 	if sb := decodeBody[sandboxObject](t, e.get(e.token, "td"), http.StatusOK); sb.Status != store.StatusStopped {
@@ -907,7 +774,7 @@ func TestAPITeardownIdempotent(t *testing.T) {
 	if !strings.Contains(msg, "stopped") {
 		t.Errorf("message %q", msg)
 	}
-	if c := e.rt.callsWith("exec"); len(c) != 0 {
+	if c := e.rt.CallsWith("exec"); len(c) != 0 {
 		t.Errorf("Exec called on a stopped session: %v", c)
 	}
 	apiError(t, e.do("POST", "/v1/sandbox/nope/teardown", e.token, nil), http.StatusNotFound, "not_found")
@@ -921,7 +788,7 @@ func TestAPIDelete(t *testing.T) {
 		t.Fatalf("DELETE = %d %q", rec.Code, rec.Body)
 	}
 	cid := e.rt.ContainerID(e.owner.Org.ID, "del")
-	if d := e.rt.callsWith("destroy"); !slices.Equal(d, []string{"destroy " + cid + " keep=false"}) {
+	if d := e.rt.CallsWith("destroy"); !slices.Equal(d, []string{"destroy " + cid + " keep=false"}) {
 		t.Errorf("destroy calls = %v", d)
 	}
 	apiError(t, e.get(e.token, "del"), http.StatusNotFound, "not_found")

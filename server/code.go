@@ -10,7 +10,7 @@ import (
 	"sandboxd/runsc/interp"
 	"sandboxd/server/errdefs"
 	"sandboxd/server/procs"
-	"sandboxd/store"
+	"sandboxd/server/sandbox"
 )
 
 // Code runtimes: POST /v1/sandbox/python/:sessionId and /node/:sessionId run
@@ -74,21 +74,12 @@ func (s *Server) runCode(lang string) gin.HandlerFunc {
 			return
 		}
 		auditDetail(c, "contextId", req.ContextID)
-		if ses.Status != store.StatusRunning {
-			s.writeError(c, errdefs.Conflict("session is %s; code runs only in a running session", ses.Status))
-			return
-		}
-		secrets, err := s.db.Secrets(c.Request.Context(), ses.ID)
+		cmd, err := s.sessions.Command(c.Request.Context(), *ses, sandbox.Admit{NotRunning: "code runs only in a running session", Slot: true})
 		if err != nil {
 			s.writeError(c, err)
 			return
 		}
-		end, ok := s.sb.begin(ses.ID, s.cfg.Limits.MaxExecsPerSession)
-		if !ok {
-			s.writeError(c, errdefs.RateLimited("at most %d commands run at once in a session; retry when one ends", s.cfg.Limits.MaxExecsPerSession))
-			return
-		}
-		defer end()
+		defer cmd.End()
 		// A run waits for the context's previous one at most its own timeout,
 		// and never runs for a client that has gone.
 		k, aerr := s.contexts.Acquire(c.Request.Context(), procs.Key{PK: ses.ID, Lang: lang, ContextID: req.ContextID}, timeout)
@@ -97,22 +88,22 @@ func (s *Server) runCode(lang string) gin.HandlerFunc {
 			return
 		}
 		defer k.Release()
-		set := s.scrub.forSession(ses.ID, secrets)
+		set := cmd.Scrubber
 		if !k.Started() {
-			env := setEnv(commandEnv(ses.Env, secrets, nil), "MPLBACKEND", "Agg")
+			env := sandbox.SetEnv(cmd.Env(nil), "MPLBACKEND", "Agg")
 			// A frame holds the result (at most 4 bytes a character in UTF-8)
 			// and the rich output.
 			maxFrame := 4*s.cfg.Limits.ExecOutputBytes + interp.MaxDisplayBytes + 64<<10
 			if err := k.Start(c.Request.Context(), s.rt, ses.ContainerID, env, maxFrame); err != nil {
 				s.contexts.Drop(k)
 				s.log.Warn("start code context", "session", ses.SessionID, "runtime", lang, "err", err)
-				s.noteDead(ses)
+				s.sessions.NoteDead(ses.ID)
 				s.writeError(c, errdefs.Conflict("the %s context could not start: %s", lang, procs.AgentMessage(err)))
 				return
 			}
 		}
 		s.logs.Event(ses.ID, "process_start", map[string]any{"runtime": lang, "contextId": req.ContextID,
-			"code": clip(string(set.Redact([]byte(req.Code))), 256)})
+			"code": clip(set.RedactString(req.Code), 256)})
 		out := newCappedOutput(s.cfg.Limits.ExecOutputBytes)
 		stdout, stderr := set.NewWriter(out.writer(&out.stdout)), set.NewWriter(out.writer(&out.stderr))
 		start := time.Now()
@@ -124,7 +115,7 @@ func (s *Server) runCode(lang string) gin.HandlerFunc {
 			// killed): the next run starts a fresh one.
 			s.contexts.Drop(k)
 			k.Kill()
-			s.noteDead(ses)
+			s.sessions.NoteDead(ses.ID)
 			name, msg := "ContextLost", "the context's process ended; its state is gone and the next run starts a fresh context"
 			if timedOut {
 				name, msg = "Timeout", "the run did not stop within timeoutMs after an interrupt; the context was restarted and its state is gone"
@@ -136,7 +127,7 @@ func (s *Server) runCode(lang string) gin.HandlerFunc {
 			ContextID: req.ContextID, DurationMs: time.Since(start).Milliseconds(), TimedOut: timedOut,
 		}
 		resp.Truncated = out.truncated || res.Truncated
-		redact := func(v string) string { return string(set.Redact([]byte(v))) }
+		redact := set.RedactString
 		if res.Result != nil {
 			r := redact(*res.Result)
 			if len(r) > s.cfg.Limits.ExecOutputBytes {

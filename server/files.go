@@ -44,13 +44,7 @@ func (s *Server) fileIODeadline() time.Duration { return time.Duration(s.fileIO.
 // stopped or failed one's saved disk is mounted read-only for the call
 // (reads only).
 func (s *Server) withWorkspace(c *gin.Context, write bool, fn func(ses *store.Session, d *workspace.Dir, set *scrub.Set)) {
-	ses, ok := s.sessionFor(c)
-	if !ok {
-		return
-	}
-	unlock := s.sb.lock(ses.ID)
-	defer unlock()
-	cur, ok := s.reload(c, ses)
+	id, ok := s.sessionID(c)
 	if !ok {
 		return
 	}
@@ -66,37 +60,38 @@ func (s *Server) withWorkspace(c *gin.Context, write bool, fn func(ses *store.Se
 			rc.SetReadDeadline(time.Time{})
 		}
 	}()
-	readOnly := false
-	switch {
-	case cur.Status == store.StatusRunning:
-		// File use is use: it keeps the session from its idle timeout.
-		end, _ := s.sb.begin(cur.ID, 0)
-		defer end()
-	case write:
-		s.writeError(c, errdefs.Conflict("session is %s; files can be written only in a running session", cur.Status))
-		return
-	case cur.Status == store.StatusStopped || cur.Status == store.StatusFailed:
-		readOnly = true
-	default:
-		s.writeError(c, errdefs.Conflict("session is %s; files are available while it runs and after teardown", cur.Status))
-		return
-	}
-	dir, release, err := s.rt.OpenWorkspace(cur.ContainerID, readOnly)
-	if errors.Is(err, runsc.ErrNoDisk) {
-		s.writeError(c, errdefs.NotFound("the session has no saved workspace"))
-		return
-	}
+	// Errors inside fn are answered there; Use's own (no such session)
+	// here.
+	err := s.sessions.Use(c.Request.Context(), principal(c).Org.ID, id, func(ses *store.Session) error {
+		readOnly := false
+		switch {
+		case ses.Status == store.StatusRunning:
+		case write:
+			return errdefs.Conflict("session is %s; files can be written only in a running session", ses.Status)
+		case ses.Status == store.StatusStopped || ses.Status == store.StatusFailed:
+			readOnly = true
+		default:
+			return errdefs.Conflict("session is %s; files are available while it runs and after teardown", ses.Status)
+		}
+		dir, release, err := s.rt.OpenWorkspace(ses.ContainerID, readOnly)
+		if errors.Is(err, runsc.ErrNoDisk) {
+			return errdefs.NotFound("the session has no saved workspace")
+		}
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if err := release(); err != nil {
+				s.log.Error("release workspace", "session", ses.SessionID, "err", err)
+			}
+		}()
+		set := s.sessions.Scrubber(ses.ID)
+		fn(ses, s.files.Dir(dir, ses.ID, set), set)
+		return nil
+	})
 	if err != nil {
 		s.writeError(c, err)
-		return
 	}
-	defer func() {
-		if err := release(); err != nil {
-			s.log.Error("release workspace", "session", cur.SessionID, "err", err)
-		}
-	}()
-	set := s.sessionScrubber(cur.ID)
-	fn(&cur, s.files.Dir(dir, cur.ID, set), set)
 }
 
 // getFiles: GET /v1/sandbox/:sessionId/files?path=. A directory lists its

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"sandboxd/server/sandbox"
 	"sandboxd/store"
 )
 
@@ -71,7 +72,7 @@ func (c sessionCollector) Collect(ch chan<- prometheus.Metric) {
 	if err != nil {
 		return
 	}
-	for _, st := range []string{store.StatusProvisioning, store.StatusRunning, store.StatusPaused, store.StatusStopping, store.StatusStopped, store.StatusFailed} {
+	for _, st := range sandbox.Statuses {
 		ch <- prometheus.MustNewConstMetric(sessionsDesc, prometheus.GaugeValue, float64(counts[st]), st)
 	}
 }

@@ -75,7 +75,7 @@ func TestExecConcurrencyLimit(t *testing.T) {
 	e.provision(e.token, map[string]any{"sessionId": "x1"})
 	release := make(chan struct{})
 	started := make(chan struct{}, 4)
-	e.rt.exec = func(req runsc.ExecRequest) (runsc.ExecResult, error) {
+	e.rt.ExecFn = func(req runsc.ExecRequest) (runsc.ExecResult, error) {
 		started <- struct{}{}
 		<-release
 		return runsc.ExecResult{}, nil
@@ -102,11 +102,11 @@ func TestKillActionAndStartErrors(t *testing.T) {
 	e := newAPIEnv(t)
 	e.provision(e.token, map[string]any{"sessionId": "k1"})
 	rec := e.exec(e.token, "k1", map[string]any{"action": "kill"})
-	if rec.Code != http.StatusOK || len(e.rt.callsWith("killall")) != 1 {
-		t.Fatalf("kill: %d %s %v", rec.Code, rec.Body, e.rt.calls)
+	if rec.Code != http.StatusOK || len(e.rt.CallsWith("killall")) != 1 {
+		t.Fatalf("kill: %d %s %v", rec.Code, rec.Body, e.rt.Calls)
 	}
 	apiError(t, e.exec(e.token, "k1", map[string]any{"action": "kill", "command": "x"}), http.StatusBadRequest, "invalid_request")
-	e.rt.exec = func(req runsc.ExecRequest) (runsc.ExecResult, error) {
+	e.rt.ExecFn = func(req runsc.ExecRequest) (runsc.ExecResult, error) {
 		return runsc.ExecResult{}, runsc.ErrTooManyProcesses
 	}
 	msg := apiError(t, e.exec(e.token, "k1", map[string]any{"action": "exec", "command": "true"}), http.StatusConflict, "conflict")
@@ -141,7 +141,7 @@ func TestDeleteTwiceAndTeardownAfterDelete(t *testing.T) {
 	}
 	apiError(t, e.do("DELETE", "/v1/sandbox/d1", e.token, nil), http.StatusNotFound, "not_found")
 	apiError(t, e.do("POST", "/v1/sandbox/d1/teardown", e.token, nil), http.StatusNotFound, "not_found")
-	if n := len(e.rt.callsWith("destroy")); n != 1 {
+	if n := len(e.rt.CallsWith("destroy")); n != 1 {
 		t.Fatalf("destroy called %d times", n)
 	}
 }

@@ -3,7 +3,6 @@ package server
 import (
 	"context"
 	"log/slog"
-	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -27,85 +26,6 @@ func loadScrubber() *scrub.Set {
 		panic("scrubber rules: " + err.Error())
 	}
 	return set
-}
-
-// scrubbers caches each session's compiled scrubber (patterns plus the
-// session's secrets and their encodings).
-type scrubbers struct {
-	base    *scrub.Set
-	mu      sync.Mutex
-	m       map[string]*scrub.Set        // by session pk
-	secrets map[string]map[string]string // by session pk, sessions with secrets in m
-	all     *scrub.Set                   // see allSessions; nil after secrets changed
-}
-
-func (s *scrubbers) forSession(pk string, secrets map[string]string) *scrub.Set {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if set, ok := s.m[pk]; ok {
-		return set
-	}
-	set := s.base
-	if len(secrets) > 0 {
-		// Values were validated at provision; WithValues keeps every valid one.
-		set, _ = s.base.WithValues(secrets)
-		if s.secrets == nil {
-			s.secrets = map[string]map[string]string{}
-		}
-		s.secrets[pk] = secrets
-		s.all = nil
-	}
-	if s.m == nil {
-		s.m = map[string]*scrub.Set{}
-	}
-	s.m[pk] = set
-	return set
-}
-
-// allSessions is one Set with the rules and the secrets of every session
-// whose scrubber is cached (among them every session whose egress proxy
-// listens: see startEgress's callers), for text no session can be told
-// from, such as the standard library's log lines. It is rebuilt on first
-// use after a session with secrets came or went.
-func (s *scrubbers) allSessions() *scrub.Set {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.all == nil {
-		set := s.base
-		for _, sec := range s.secrets {
-			set, _ = set.WithValues(sec)
-		}
-		s.all = set
-	}
-	return s.all
-}
-
-// sessionScrubber is the session's scrubber (its secrets plus the rules),
-// reading the secrets from the store on first use.
-func (s *Server) sessionScrubber(pk string) *scrub.Set {
-	if set, ok := s.scrub.cached(pk); ok {
-		return set
-	}
-	secrets, _ := s.db.Secrets(context.Background(), pk)
-	return s.scrub.forSession(pk, secrets)
-}
-
-// cached returns a session's compiled scrubber if one was built.
-func (s *scrubbers) cached(pk string) (*scrub.Set, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	set, ok := s.m[pk]
-	return set, ok
-}
-
-func (s *scrubbers) forget(pk string) {
-	s.mu.Lock()
-	delete(s.m, pk)
-	if _, ok := s.secrets[pk]; ok {
-		delete(s.secrets, pk)
-		s.all = nil
-	}
-	s.mu.Unlock()
 }
 
 // redactions exposes the scrubber's counters (per rule, and "value" for

@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -29,56 +30,58 @@ import (
 	"sandboxd/runsc/image"
 	"sandboxd/server/config"
 	"sandboxd/server/procs"
+	"sandboxd/server/sandbox"
 	"sandboxd/server/sessionlog"
 	"sandboxd/server/workspace"
 	"sandboxd/store"
+	"sandboxd/streams/scrub"
 )
 
-// Runtime is what the server needs from the sandbox driver (runsc.Runtime).
+// Runtime is the gVisor driver as the server wires it: the Manager's part
+// (lifecycle, commands) and what the edge starts processes and opens
+// workspaces with.
 type Runtime interface {
-	ContainerID(orgID, sessionID string) string
-	Create(ctx context.Context, sb runsc.Sandbox) error
-	Destroy(ctx context.Context, id string, o runsc.DestroyOpts) error
-	Inspect(ctx context.Context, id string) (runsc.State, error)
-	Exec(ctx context.Context, id string, req runsc.ExecRequest) (runsc.ExecResult, error)
-	Collect(ctx context.Context, keep map[string]bool) []string
-	OpenWorkspace(id string, readOnly bool) (dir *os.File, release func() error, err error)
-	KillAll(ctx context.Context, id string) error
-	CleanExecFiles()
-	Start(ctx context.Context, id string, s agent.Spec) (runsc.Process, error)
+	sandbox.Runtime
+	procs.Starter
 	StartDirect(ctx context.Context, id string, s agent.Spec) (runsc.Process, error)
-	ListenProxy(id string) (net.Listener, error)
 	KernelLog(id string) string
 	ReleaseIdle()
 }
 
 var _ Runtime = (*runsc.Runtime)(nil)
 
-// Server is one sandboxd instance.
+// Server is one sandboxd instance: the HTTP edge and what it is wired to.
 type Server struct {
-	cfg    *config.Config
-	db     *store.DB
-	rt     Runtime
-	image  string
-	log    *slog.Logger
-	engine *gin.Engine
-	sb     *manager
-	met    *metrics
-	scrub  *scrubbers
-	terms  *procs.Terminals
-	// contexts are the code contexts (Python, Node.js).
-	contexts procs.Contexts
+	cfg      *config.Config
+	db       *store.DB
+	rt       Runtime
+	log      *slog.Logger
+	engine   *gin.Engine
+	sessions *sandbox.Manager
+	met      *metrics
+	terms    *procs.Terminals
+	contexts procs.Contexts // code contexts (Python, Node.js)
 	tix      *tickets
 	logs     *sessionlog.Logs
 	files    *workspace.Files
+	egress   *egress.Proxy
 	// fileIO bounds a file transfer (ns; defaultFileIO, tests shorten it).
 	fileIO atomic.Int64
 
-	lock *os.File // flock on <data-dir>/sandboxd.lock while this server runs
+	// closers run in order on Close.
+	closers   []closer
+	closeOnce sync.Once
+	closeErr  error
+}
 
-	egress       Egress
-	egressPolicy *egress.Policy
-	egressEvents egressEvents
+// closer is one named step of Close.
+type closer struct {
+	name string
+	fn   func() error
+}
+
+func (s *Server) onClose(name string, fn func() error) {
+	s.closers = append(s.closers, closer{name, fn})
 }
 
 // BinDir is the directory of the running executable (runsc and the agent
@@ -159,7 +162,7 @@ func New(ctx context.Context, cfg *config.Config, out io.Writer) (*Server, error
 	if err != nil {
 		return nil, err
 	}
-	s.lock = lock
+	s.onClose("data dir lock", lock.Close)
 	ok = true
 	return s, nil
 }
@@ -169,17 +172,16 @@ func newServer(cfg *config.Config, db *store.DB, rt Runtime, img string, log *sl
 	if err != nil {
 		return nil, fmt.Errorf("egress: %w", err)
 	}
-	base := loadScrubber()
-	s := &Server{cfg: cfg, db: db, rt: rt, image: img, met: newMetrics(db), scrub: &scrubbers{base: base},
-		log: slog.New(scrubHandler{log.Handler(), base})}
-	s.met.reg.MustRegister(redactions{base})
-	s.terms = procs.NewTerminals(time.Duration(cfg.Limits.TerminalIdleSeconds)*time.Second, s.log.With("component", "terminals"))
+	rules := loadScrubber()
+	s := &Server{cfg: cfg, db: db, rt: rt, met: newMetrics(db), log: slog.New(scrubHandler{log.Handler(), rules})}
+	s.met.reg.MustRegister(redactions{rules})
+	s.fileIO.Store(int64(defaultFileIO))
 	s.tix = newTickets()
 	s.files = workspace.New(runsc.UserUID, runsc.UserGID)
-	s.fileIO.Store(int64(defaultFileIO))
-	s.logs = sessionlog.New(db, s.sessionScrubber, cfg.DataDir, s.log.With("component", "sessionlog"))
-	s.egressEvents = egressEvents{s}
-	s.egressPolicy = pol
+	s.terms = procs.NewTerminals(time.Duration(cfg.Limits.TerminalIdleSeconds)*time.Second, s.log.With("component", "terminals"))
+	// The session log scrubs with the sessions' scrubbers, which the
+	// Manager (made below, before any entry) owns.
+	s.logs = sessionlog.New(db, func(pk string) *scrub.Set { return s.sessions.Scrubber(pk) }, cfg.DataDir, s.log.With("component", "sessionlog"))
 	// Every session's connection cap fits in the proxy's budget, so no
 	// organization can take the connections another's sandboxes are due.
 	perSession, total, fits := egress.ConnLimits(cfg.Limits.MaxSandboxes)
@@ -187,11 +189,45 @@ func newServer(cfg *config.Config, db *store.DB, rt Runtime, img string, log *sl
 		s.log.Warn("open-file limit too low for limits.maxSandboxes: egress connections are not guaranteed per session",
 			"maxSandboxes", cfg.Limits.MaxSandboxes, "proxyConnections", total)
 	}
-	s.egress = egress.New(pol, egress.Options{Events: s.egressEvents, Registerer: s.met.reg, Resolver: cfg.EgressResolver,
-		Logger: s.log.With("component", "egress"), MaxConnsPerSession: perSession, MaxConns: total, OnUsage: db.NoteEgressUsed})
-	s.sb = newManager(s)
+	s.egress = egress.New(pol, egress.Options{Events: sandbox.EgressEvents(s.logs, db, s.log), Registerer: s.met.reg,
+		Resolver: cfg.EgressResolver, Logger: s.log.With("component", "egress"), MaxConnsPerSession: perSession,
+		MaxConns: total, OnUsage: db.NoteEgressUsed})
+	s.sessions = sandbox.New(sandbox.Options{
+		Limits: cfg.Limits, DataDir: cfg.DataDir, Image: img, Runtime: rt, Store: db, Egress: s.egress,
+		Policy: pol, Events: s.logs, Hooks: sessionHooks{s}, Rules: rules, Log: s.log,
+	})
 	s.engine = s.routes()
+	// Close in this order: no new lifecycle work, then what runs in
+	// sessions, then the proxy (ending every tunnel, so bytes in flight
+	// are counted before the counts are saved), then the store (draining
+	// its writers: audit, events, usage).
+	s.onClose("monitor", func() error { s.sessions.Close(); return nil })
+	s.onClose("terminals", func() error { s.terms.Close(); return nil })
+	s.onClose("code contexts", func() error { s.contexts.CloseSession(""); return nil })
+	s.onClose("session logs", func() error { s.logs.Close(); return nil })
+	s.onClose("egress proxy", func() error { s.egress.Shutdown(); return nil })
+	s.onClose("egress usage", func() error { s.sessions.SaveEgress(); return nil })
+	s.onClose("store", db.Close)
+	s.onClose("runtime", func() error { rt.ReleaseIdle(); return nil })
 	return s, nil
+}
+
+// sessionHooks connect what runs in a session to its lifecycle.
+type sessionHooks struct{ s *Server }
+
+func (h sessionHooks) Started(ses *store.Session) {
+	h.s.logs.StartTail(ses.ID, h.s.rt.KernelLog(ses.ContainerID))
+}
+
+func (h sessionHooks) Stopped(pk string) {
+	h.s.terms.CloseSession(pk)
+	h.s.contexts.CloseSession(pk)
+	h.s.logs.StopTail(pk)
+}
+
+func (h sessionHooks) Deleted(pk string) {
+	h.s.logs.Forget(pk)
+	h.s.files.Forget(pk)
 }
 
 // bootstrap creates the first organization and owner on an empty data dir,
@@ -219,30 +255,28 @@ func (s *Server) Handler() http.Handler { return s.engine }
 // Start reconciles the store with the running sandboxes and starts the
 // background monitor.
 func (s *Server) Start(ctx context.Context) error {
-	if err := s.sb.reconcile(ctx); err != nil {
+	if err := s.sessions.Reconcile(ctx); err != nil {
 		return fmt.Errorf("reconcile: %w", err)
 	}
-	s.sb.startMonitor()
+	s.sessions.StartMonitor()
 	return nil
 }
 
 // Close stops background work and flushes the store (the audit log is
-// written completely). Sandboxes keep running.
+// written completely), running the closers in order; it keeps going after
+// a failed one. Sandboxes keep running. Safe to call more than once.
 func (s *Server) Close() error {
-	s.sb.stop()
-	s.terms.Close()
-	s.contexts.CloseSession("")
-	s.logs.Close()
-	// Shutdown first: it ends every tunnel, so bytes in flight are
-	// counted before the counts are saved.
-	s.egress.Shutdown()
-	s.saveEgress()
-	err := s.db.Close()
-	s.rt.ReleaseIdle()
-	if s.lock != nil {
-		s.lock.Close()
-	}
-	return err
+	s.closeOnce.Do(func() {
+		var errs []error
+		for _, c := range s.closers {
+			if err := c.fn(); err != nil {
+				s.log.Error("close", "step", c.name, "err", err)
+				errs = append(errs, fmt.Errorf("close %s: %w", c.name, err))
+			}
+		}
+		s.closeErr = errors.Join(errs...)
+	})
+	return s.closeErr
 }
 
 // lockDataDir takes an exclusive lock on <dir>/sandboxd.lock, held until
@@ -296,7 +330,10 @@ func Run(ctx context.Context, cfg *config.Config, out io.Writer) error {
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
-	hs.Shutdown(sctx)
+	if err := hs.Shutdown(sctx); err != nil {
+		// Connections still open after the grace time are cut.
+		s.log.Warn("shutdown: API connections cut", "err", err)
+	}
 	fmt.Fprintln(out, "sandboxd stopped; sandboxes keep running and are picked up at the next start")
 	return s.Close()
 }

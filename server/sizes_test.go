@@ -38,9 +38,9 @@ func TestSizesConfigFile(t *testing.T) {
 	if o.Resources != (resources{VCPUs: 4, MemoryMiB: 4096, DiskMiB: 20480}) || o.Egress.BytesLimit != 0 {
 		t.Fatalf("big: %+v", o)
 	}
-	e.rt.mu.Lock()
-	got := e.rt.created[len(e.rt.created)-1].Limits
-	e.rt.mu.Unlock()
+	e.rt.Mu.Lock()
+	got := e.rt.Created[len(e.rt.Created)-1].Limits
+	e.rt.Mu.Unlock()
 	if want := (runsc.Limits{VCPUs: 4, MemoryMiB: 4096, DiskMiB: 20480, Pids: 2048, Processes: runsc.DefaultProcesses(2048)}); got != want {
 		t.Errorf("runtime limits = %+v, want %+v", got, want)
 	}

@@ -41,7 +41,7 @@ func (w *stdLog) Write(p []byte) (int, error) {
 		w.s.met.stdLogSuppressed.Inc()
 		return len(p), nil
 	}
-	line := w.s.scrub.allSessions().Redact(bytes.TrimRight(p, "\n"))
+	line := w.s.sessions.AllSessionsScrubber().Redact(bytes.TrimRight(p, "\n"))
 	if len(line) > stdLogMaxLine {
 		line = append(line[:stdLogMaxLine:stdLogMaxLine], "..."...)
 	}

@@ -1,7 +1,6 @@
 package server
 
 import (
-	"context"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -15,6 +14,7 @@ import (
 	"sandboxd/runsc/agent"
 	"sandboxd/server/errdefs"
 	"sandboxd/server/procs"
+	"sandboxd/server/sandbox"
 	"sandboxd/store"
 	"sandboxd/streams"
 )
@@ -90,10 +90,6 @@ func (s *Server) terminalWS(c *gin.Context) {
 	if !ok {
 		return
 	}
-	if ses.Status != store.StatusRunning {
-		s.writeError(c, errdefs.Conflict("session is %s; terminals need a running session", ses.Status))
-		return
-	}
 	if strings.Contains(c.Request.URL.RawQuery, ";") {
 		s.writeError(c, badRequest("query: use & between parameters and URL-encode ';' in command"))
 		return
@@ -107,6 +103,13 @@ func (s *Server) terminalWS(c *gin.Context) {
 		s.writeError(c, badRequest("command: required with tty=false"))
 		return
 	}
+	// An exec stream counts as a running command.
+	cmd, err := s.sessions.Command(c.Request.Context(), *ses, sandbox.Admit{NotRunning: "terminals need a running session", Slot: !tty})
+	if err != nil {
+		s.writeError(c, err)
+		return
+	}
+	defer cmd.End()
 	var term *procs.Terminal
 	if termID != "" {
 		if term = s.terms.Get(ses.ID, termID); term == nil {
@@ -117,21 +120,7 @@ func (s *Server) terminalWS(c *gin.Context) {
 		s.writeError(c, errdefs.RateLimited("at most %d terminals per session", procs.MaxTerminalsPerSession))
 		return
 	}
-	var endExec func()
-	if !tty { // an exec stream counts as a running command
-		var ok bool
-		if endExec, ok = s.sb.begin(ses.ID, s.cfg.Limits.MaxExecsPerSession); !ok {
-			s.writeError(c, errdefs.RateLimited("at most %d commands run at once in a session", s.cfg.Limits.MaxExecsPerSession))
-			return
-		}
-		defer endExec()
-	}
-	secrets, err := s.db.Secrets(c.Request.Context(), ses.ID)
-	if err != nil {
-		s.writeError(c, err)
-		return
-	}
-	set := s.scrub.forSession(ses.ID, secrets)
+	set := cmd.Scrubber
 	// Upgrade first: a failed handshake starts nothing.
 	conn, err := s.upgrader().Upgrade(c.Writer, c.Request, nil)
 	if err != nil {
@@ -147,11 +136,11 @@ func (s *Server) terminalWS(c *gin.Context) {
 		if command != "" {
 			args = []string{"/bin/bash", "-lc", command}
 		}
-		env := commandEnv(ses.Env, secrets, nil)
+		env := cmd.Env(nil)
 		if tty {
-			env = setEnv(env, "TERM", "xterm-256color")
+			env = sandbox.SetEnv(env, "TERM", "xterm-256color")
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // starting may take this long
+		ctx, cancel := sandbox.StartContext(c.Request.Context())
 		spec := agent.Spec{Args: args, Env: env, Cwd: runsc.Workspace,
 			UID: runsc.UserUID, GID: runsc.UserGID, TTY: tty, Cols: cols, Rows: rows, Stdin: true}
 		var err error
@@ -170,7 +159,7 @@ func (s *Server) terminalWS(c *gin.Context) {
 			<-w.Done()
 			return
 		}
-		shown := clip(string(set.Redact([]byte(command))), 256) // redact before cutting
+		shown := clip(set.RedactString(command), 256) // redact before cutting
 		if tty {
 			term = s.terms.Start(ses.ID, proc, set)
 			s.logs.Event(ses.ID, "terminal_open", map[string]any{"terminalId": term.ID, "command": shown})
@@ -193,16 +182,6 @@ func parseSize(v string, def uint16) uint16 {
 		return def
 	}
 	return uint16(n)
-}
-
-func setEnv(env []string, k, v string) []string {
-	for i, kv := range env {
-		if strings.HasPrefix(kv, k+"=") {
-			env[i] = k + "=" + v
-			return env
-		}
-	}
-	return append(env, k+"="+v)
 }
 
 type terminalJSON struct {

@@ -44,20 +44,7 @@ type Config struct {
 		Suite     string `yaml:"suite"`
 		AutoBuild bool   `yaml:"autoBuild"`
 	} `yaml:"image"`
-	Limits struct {
-		MaxBodyBytes         int64 `yaml:"maxBodyBytes"`
-		ExecOutputBytes      int   `yaml:"execOutputBytes"`
-		ExecDefaultTimeoutMs int64 `yaml:"execDefaultTimeoutMs"`
-		ExecMaxTimeoutMs     int64 `yaml:"execMaxTimeoutMs"`
-		MaxSandboxes         int   `yaml:"maxSandboxes"`
-		MaxSandboxesPerOrg   int   `yaml:"maxSandboxesPerOrg"`
-		MaxExecsPerSession   int   `yaml:"maxExecsPerSession"`
-		MaxMemoryMiB         int   `yaml:"maxMemoryMiB"`
-		MinFreeDiskMiB       int   `yaml:"minFreeDiskMiB"`
-		TerminalIdleSeconds  int   `yaml:"terminalIdleSeconds"`
-		MaxAPIConns          int   `yaml:"maxAPIConns"`
-		APIIdleSeconds       int   `yaml:"apiIdleSeconds"`
-	} `yaml:"limits"`
+	Limits Limits `yaml:"limits"`
 
 	EgressOptions struct {
 		// Allowlist file (configs/egress.yaml's format); empty means the
@@ -84,6 +71,23 @@ type Config struct {
 
 // EnvVars are the environment variables Load reads.
 var EnvVars = []string{"SANDBOXD_CONFIG", "SANDBOXD_LISTEN", "SANDBOXD_DATA_DIR"}
+
+// Limits bound what clients and sandboxes may use (configs/sandboxd.yaml
+// documents each).
+type Limits struct {
+	MaxBodyBytes         int64 `yaml:"maxBodyBytes"`
+	ExecOutputBytes      int   `yaml:"execOutputBytes"`
+	ExecDefaultTimeoutMs int64 `yaml:"execDefaultTimeoutMs"`
+	ExecMaxTimeoutMs     int64 `yaml:"execMaxTimeoutMs"`
+	MaxSandboxes         int   `yaml:"maxSandboxes"`
+	MaxSandboxesPerOrg   int   `yaml:"maxSandboxesPerOrg"`
+	MaxExecsPerSession   int   `yaml:"maxExecsPerSession"`
+	MaxMemoryMiB         int   `yaml:"maxMemoryMiB"`
+	MinFreeDiskMiB       int   `yaml:"minFreeDiskMiB"`
+	TerminalIdleSeconds  int   `yaml:"terminalIdleSeconds"`
+	MaxAPIConns          int   `yaml:"maxAPIConns"`
+	APIIdleSeconds       int   `yaml:"apiIdleSeconds"`
+}
 
 // Overrides are values from flags and environment; empty means "not set".
 type Overrides struct {

@@ -1,0 +1,197 @@
+package server
+
+import (
+	"bytes"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gin-gonic/gin"
+
+	"sandboxd/runsc"
+	"sandboxd/server/sandbox"
+	"sandboxd/store"
+	"sandboxd/streams/scrub"
+)
+
+type execRequest struct {
+	Action    string            `json:"action"`
+	Command   string            `json:"command"`
+	Cwd       string            `json:"cwd"`
+	Env       map[string]string `json:"env"`
+	TimeoutMs *int64            `json:"timeoutMs"`
+	Stdin     *string           `json:"stdin"`
+}
+
+type execResponse struct {
+	ExitCode   int    `json:"exitCode"`
+	Stdout     string `json:"stdout"`
+	Stderr     string `json:"stderr"`
+	DurationMs int64  `json:"durationMs"`
+	TimedOut   bool   `json:"timedOut"`
+	Truncated  bool   `json:"truncated"`
+	OOM        bool   `json:"oom"`
+}
+
+const maxCommandBytes = 256 * 1024
+
+// timeout checks a request's timeoutMs (1 to limits.execMaxTimeoutMs) and
+// returns it, or def when it is absent.
+func (s *Server) timeout(ms *int64, def time.Duration) (time.Duration, error) {
+	if ms == nil {
+		return def, nil
+	}
+	if *ms < 1 || *ms > s.cfg.Limits.ExecMaxTimeoutMs {
+		return 0, badRequest("timeoutMs: must be 1-%d", s.cfg.Limits.ExecMaxTimeoutMs)
+	}
+	return time.Duration(*ms) * time.Millisecond, nil
+}
+
+// exec: POST /v1/sandbox/terminal/:sessionId (action exec or kill).
+func (s *Server) exec(c *gin.Context) {
+	ses, ok := s.sessionFor(c)
+	if !ok {
+		return
+	}
+	var req execRequest
+	if err := decodeJSON(c, &req); err != nil {
+		s.writeError(c, err)
+		return
+	}
+	auditDetail(c, "action", req.Action)
+	switch req.Action {
+	case "exec":
+	case "kill":
+		s.killAll(c, ses, &req)
+		return
+	default:
+		s.writeError(c, badRequest("action: must be \"exec\" or \"kill\""))
+		return
+	}
+	if strings.TrimSpace(req.Command) == "" || len(req.Command) > maxCommandBytes || strings.ContainsRune(req.Command, 0) {
+		s.writeError(c, badRequest("command: required, under 256 KiB, without NUL bytes"))
+		return
+	}
+	if req.Cwd == "" {
+		req.Cwd = runsc.Workspace
+	}
+	if !validCwd(req.Cwd) {
+		s.writeError(c, badRequest("cwd: must be an absolute, normalized path"))
+		return
+	}
+	if e := checkEnv("env", req.Env); e != nil {
+		s.writeError(c, e)
+		return
+	}
+	timeout, err := s.timeout(req.TimeoutMs, time.Duration(s.cfg.Limits.ExecDefaultTimeoutMs)*time.Millisecond)
+	if err != nil {
+		s.writeError(c, err)
+		return
+	}
+	cmd, err := s.sessions.Command(c.Request.Context(), *ses, sandbox.Admit{NotRunning: "commands run only in a running session", Slot: true})
+	if err != nil {
+		s.writeError(c, err)
+		return
+	}
+	defer cmd.End()
+	// Output passes the session's scrubber first, then the shared cap: what
+	// is cut is already redacted, so no secret is ever cut in half.
+	set := cmd.Scrubber
+	out := newCappedOutput(s.cfg.Limits.ExecOutputBytes)
+	stdout, stderr := set.NewWriter(out.writer(&out.stdout)), set.NewWriter(out.writer(&out.stderr))
+	xr := runsc.ExecRequest{
+		Args:    []string{"/bin/bash", "-lc", req.Command},
+		Env:     cmd.Env(req.Env),
+		BaseEnv: cmd.Env(nil),
+		Cwd:     req.Cwd,
+		Stdout:  stdout,
+		Stderr:  stderr,
+		Timeout: timeout,
+	}
+	if req.Stdin != nil {
+		xr.Stdin = strings.NewReader(*req.Stdin)
+	}
+	s.logs.Event(ses.ID, "process_start", map[string]any{"command": clip(set.RedactString(req.Command), 256), "cwd": req.Cwd})
+	res, err := s.sessions.Exec(c.Request.Context(), cmd, xr)
+	cmd.End()
+	stdout.Close()
+	stderr.Close()
+	s.met.exec.Observe(res.Duration.Seconds())
+	if err != nil {
+		s.writeError(c, err)
+		return
+	}
+	redactions := map[string]int64{}
+	for _, w := range []*scrub.Writer{stdout, stderr} {
+		for k, n := range w.Counts() {
+			if n > 0 {
+				redactions[k] += n
+			}
+		}
+	}
+	s.logs.Event(ses.ID, "process_exit", map[string]any{"exitCode": res.ExitCode, "durationMs": res.Duration.Milliseconds(),
+		"timedOut": res.TimedOut, "oom": res.OOM, "redactions": redactions})
+	auditDetail(c, "exitCode", res.ExitCode)
+	auditDetail(c, "durationMs", res.Duration.Milliseconds())
+	c.JSON(http.StatusOK, execResponse{
+		ExitCode:   res.ExitCode,
+		Stdout:     out.stdout.String(),
+		Stderr:     out.stderr.String(),
+		DurationMs: res.Duration.Milliseconds(),
+		TimedOut:   res.TimedOut,
+		Truncated:  out.truncated,
+		OOM:        res.OOM,
+	})
+}
+
+// killAll: {"action": "kill"} stops every process in the sandbox but its
+// init, e.g. after a fork bomb or forgotten background jobs.
+func (s *Server) killAll(c *gin.Context, ses *store.Session, req *execRequest) {
+	if req.Command != "" || req.Cwd != "" || req.Env != nil || req.TimeoutMs != nil || req.Stdin != nil {
+		s.writeError(c, badRequest("action kill takes no command, cwd, env, timeoutMs or stdin"))
+		return
+	}
+	if err := s.sessions.KillAll(c.Request.Context(), *ses); err != nil {
+		s.writeError(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, gin.H{"action": "kill", "killed": true})
+}
+
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}
+
+// cappedOutput collects stdout and stderr up to a shared byte cap and keeps
+// draining (so the command never blocks on a full pipe) past it.
+type cappedOutput struct {
+	mu             sync.Mutex
+	left           int
+	stdout, stderr bytes.Buffer
+	truncated      bool
+}
+
+func newCappedOutput(limit int) *cappedOutput { return &cappedOutput{left: limit} }
+
+type capWriter struct {
+	o   *cappedOutput
+	buf *bytes.Buffer
+}
+
+func (o *cappedOutput) writer(b *bytes.Buffer) capWriter { return capWriter{o, b} }
+
+func (w capWriter) Write(p []byte) (int, error) {
+	w.o.mu.Lock()
+	defer w.o.mu.Unlock()
+	n := min(len(p), w.o.left)
+	w.buf.Write(p[:n])
+	w.o.left -= n
+	if n < len(p) {
+		w.o.truncated = true
+	}
+	return len(p), nil
+}

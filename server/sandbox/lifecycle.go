@@ -1,0 +1,719 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"sandboxd/runsc"
+	"sandboxd/server/config"
+	"sandboxd/server/errdefs"
+	"sandboxd/server/workspace"
+	"sandboxd/store"
+)
+
+// The session lifecycle is one state machine:
+//
+//	provisioning -> running            (create succeeded)
+//	provisioning -> (row removed)      (create failed: every step undone)
+//	running      -> stopping -> stopped (teardown; the disk is kept)
+//	running      -> failed             (sandbox died: oom, exited)
+//	failed       -> stopping -> stopped (teardown releases what is left)
+//	stopped      -> provisioning -> running (resume on the kept disk)
+//	provisioning -> stopped            (resume failed: the disk is kept)
+//	any          -> deleted            (delete; the id stays used)
+//
+// StatusPaused is part of the contract (filters, metrics) but no
+// transition reaches it yet: a placeholder until pause lands.
+var transitions = map[string][]string{
+	store.StatusProvisioning: {store.StatusRunning, store.StatusFailed, store.StatusStopped},
+	store.StatusRunning:      {store.StatusStopping, store.StatusFailed, store.StatusDeleted},
+	store.StatusStopping:     {store.StatusStopped, store.StatusFailed},
+	store.StatusFailed:       {store.StatusStopping, store.StatusDeleted},
+	store.StatusStopped:      {store.StatusProvisioning, store.StatusDeleted},
+}
+
+// CanTransition reports whether the state machine allows from -> to.
+func CanTransition(from, to string) bool {
+	for _, t := range transitions[from] {
+		if t == to {
+			return true
+		}
+	}
+	return false
+}
+
+// Statuses are the statuses a client can see and filter by.
+var Statuses = []string{store.StatusProvisioning, store.StatusRunning, store.StatusPaused,
+	store.StatusStopping, store.StatusStopped, store.StatusFailed}
+
+// Credits drawn by a run that started at StartedAt and ends at end.
+func Credits(ses *store.Session, end time.Time) float64 {
+	if ses.StartedAt == nil || end.Before(*ses.StartedAt) {
+		return 0
+	}
+	return end.Sub(*ses.StartedAt).Hours() * ses.CreditsPerHour
+}
+
+// CreditsUsed is what a session has drawn by now: its stopped runs and,
+// while it runs, the current one.
+func CreditsUsed(ses *store.Session, now time.Time) float64 {
+	used := ses.CreditsUsed
+	if ses.Status == store.StatusRunning && ses.StoppedAt == nil {
+		used += Credits(ses, now)
+	}
+	return used
+}
+
+// Limits converts a size to the driver's limits.
+func Limits(z config.Size) runsc.Limits {
+	return runsc.Limits{
+		VCPUs:     z.VCPUs,
+		MemoryMiB: int64(z.MemoryMiB),
+		DiskMiB:   int64(z.DiskMiB),
+		Pids:      int64(z.Pids),
+		Processes: runsc.DefaultProcesses(int64(z.Pids)),
+	}
+}
+
+// sizeOf is the size a session was provisioned with.
+func sizeOf(ses *store.Session) config.Size {
+	return config.Size{Name: ses.Size, VCPUs: ses.VCPUs, MemoryMiB: ses.MemoryMiB, DiskMiB: ses.DiskMiB, Pids: ses.Pids}
+}
+
+var errNotFound = errdefs.NotFound("no such session")
+
+// Get returns the caller's session by its id: unknown ids and other
+// organizations' sessions are the same not-found error. A running
+// session's egress count is the proxy's, fresher than the store's.
+func (m *Manager) Get(ctx context.Context, orgID, sessionID string) (store.Session, error) {
+	ses, err := m.db.GetSession(ctx, orgID, sessionID)
+	if errors.Is(err, store.ErrNotFound) {
+		return ses, errNotFound
+	}
+	if err != nil {
+		return ses, err
+	}
+	m.liveEgress(&ses)
+	return ses, nil
+}
+
+// List returns an organization's sessions (of one status, or all).
+func (m *Manager) List(ctx context.Context, orgID, status string) ([]store.Session, error) {
+	list, err := m.db.ListSessions(ctx, orgID, status)
+	if err != nil {
+		return nil, err
+	}
+	for i := range list {
+		m.liveEgress(&list[i])
+	}
+	return list, nil
+}
+
+// locked loads a session, takes its lock and reads it again under the lock
+// (it may have changed or, after a failed provision, disappeared while the
+// caller waited). On error no lock is held.
+func (m *Manager) locked(ctx context.Context, orgID, sessionID string) (*store.Session, func(), error) {
+	ses, err := m.db.GetSession(ctx, orgID, sessionID)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, nil, errNotFound
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	unlock := m.lock(ses.ID)
+	cur, err := m.db.GetSessionByID(ctx, ses.ID)
+	if errors.Is(err, store.ErrNotFound) || (err == nil && cur.Status == store.StatusDeleted) {
+		err = errNotFound
+	}
+	if err != nil {
+		unlock()
+		return nil, nil, err
+	}
+	return &cur, unlock, nil
+}
+
+// Use runs fn on a session under its lock, so no teardown, resume or
+// delete runs meanwhile (file access). While fn runs, a running session
+// counts as in use for its idle timeout.
+func (m *Manager) Use(ctx context.Context, orgID, sessionID string, fn func(ses *store.Session) error) error {
+	ses, unlock, err := m.locked(ctx, orgID, sessionID)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if ses.Status == store.StatusRunning {
+		end, _ := m.begin(ses.ID, 0)
+		defer end()
+	}
+	return fn(ses)
+}
+
+// Spec is a validated provision request.
+type Spec struct {
+	SessionID          string
+	ProjectID          string // "" for the caller's default project
+	Size               config.Size
+	RequestedSize      string
+	Env, Secrets       map[string]string
+	IdleTimeoutSeconds int
+	GitRepo, GitBranch string
+}
+
+// Provision creates a session and starts its sandbox. Every step pushes
+// its undo; a failure runs them all, so nothing is left and the session id
+// can be used again.
+func (m *Manager) Provision(ctx context.Context, p store.Principal, spec Spec) (_ store.Session, err error) {
+	project := spec.ProjectID
+	if project == "" {
+		project = p.ProjectID
+	} else if project != p.ProjectID {
+		if _, err := m.db.GetProject(ctx, p.Org.ID, project); err != nil {
+			return store.Session{}, errdefs.Invalid("projectId: no such project in your organization")
+		}
+	}
+	names := make([]string, 0, len(spec.Secrets))
+	for k := range spec.Secrets {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	z := spec.Size
+	ses := &store.Session{
+		OrgID: p.Org.ID, ProjectID: project, SessionID: spec.SessionID, CreatedBy: p.User.ID,
+		ContainerID: m.rt.ContainerID(p.Org.ID, spec.SessionID), Status: store.StatusProvisioning,
+		Size: z.Name, RequestedSize: spec.RequestedSize, VCPUs: z.VCPUs, MemoryMiB: z.MemoryMiB,
+		DiskMiB: z.DiskMiB, Pids: z.Pids, CreditsPerHour: z.CreditsPerHour, EgressBytesLimit: z.EgressBytes(),
+		GitRepo: spec.GitRepo, GitBranch: spec.GitBranch, Env: spec.Env, SecretNames: names,
+		IdleTimeoutSeconds: spec.IdleTimeoutSeconds,
+	}
+	if ses.RequestedSize == "" {
+		ses.RequestedSize = z.Name
+	}
+	// Steps before the lock undo at once; after it, the undo runs before
+	// the lock is released, so a request waiting for it finds no row.
+	var undo undoStack
+	fail := func(err error) (store.Session, error) {
+		undo.run()
+		return store.Session{}, err
+	}
+	if err := m.checkDisk(); err != nil {
+		return fail(err)
+	}
+	if err := m.reserve(ses.OrgID, ses.MemoryMiB); err != nil {
+		return fail(err)
+	}
+	undo.push(func() { m.release(ses.OrgID, ses.MemoryMiB) })
+	if err := m.db.InsertSession(ctx, ses); err != nil {
+		if errors.Is(err, store.ErrConflict) {
+			err = errdefs.Conflict("sessionId %q was already used in this organization; a fresh start is a new session id", spec.SessionID)
+		}
+		return fail(err)
+	}
+	// The row goes with its secrets, so the id can be retried.
+	undo.push(func() {
+		dctx, cancel := detached(ctx)
+		defer cancel()
+		if err := m.db.DeleteSessionRow(dctx, ses.ID); err != nil {
+			m.log.Error("undo session row", "session", ses.SessionID, "err", err)
+		}
+	})
+	unlock := m.lock(ses.ID)
+	defer unlock()
+	defer func() {
+		if err != nil {
+			undo.run()
+		}
+	}()
+	if len(spec.Secrets) > 0 {
+		if err := m.db.SetSecrets(ctx, ses.ID, spec.Secrets); err != nil {
+			return store.Session{}, err
+		}
+	}
+	if err := m.startLocked(ctx, ses, z, false, &undo); err != nil {
+		m.log.Error("provision failed", "session", ses.SessionID, "container", ses.ContainerID, "err", err)
+		return store.Session{}, errdefs.Unavailable("the sandbox could not be started; nothing was kept, retry with the same sessionId")
+	}
+	return *ses, nil
+}
+
+// Resume starts a stopped session's sandbox again on the disk its teardown
+// kept: the workspace and the writable root layer (installed packages) come
+// back, processes do not. A failed session is torn down first; a running
+// one is answered as it is (a dead "running" one is noticed and resumed).
+// On failure the session is stopped again with its disk intact, so the
+// resume can be retried.
+func (m *Manager) Resume(ctx context.Context, orgID, sessionID string) (_ store.Session, err error) {
+	ses, unlock, err := m.locked(ctx, orgID, sessionID)
+	if err != nil {
+		return store.Session{}, err
+	}
+	defer unlock()
+	m.checkAliveLocked(ctx, ses)
+	switch ses.Status {
+	case store.StatusRunning:
+		return *ses, nil
+	case store.StatusFailed:
+		if _, err := m.teardownLocked(ctx, ses); err != nil {
+			return store.Session{}, err
+		}
+	case store.StatusStopped:
+	default:
+		return store.Session{}, errdefs.Conflict("session is %s; only a stopped or failed session can be resumed", ses.Status)
+	}
+	var undo undoStack
+	defer func() {
+		if err != nil {
+			undo.run()
+		}
+	}()
+	if err := m.checkDisk(); err != nil {
+		return store.Session{}, err
+	}
+	if err := m.reserve(ses.OrgID, ses.MemoryMiB); err != nil {
+		return store.Session{}, err
+	}
+	undo.push(func() { m.release(ses.OrgID, ses.MemoryMiB) })
+	if err := m.setStatusLocked(ctx, ses, store.StatusProvisioning, ses.StatusReason); err != nil {
+		return store.Session{}, err
+	}
+	undo.push(func() {
+		m.events.Event(ses.ID, "resume_failed", nil)
+		dctx, cancel := detached(ctx)
+		defer cancel()
+		if err := m.setStatusLocked(dctx, ses, store.StatusStopped, ses.StatusReason); err != nil {
+			m.log.Error("undo resume", "session", ses.SessionID, "err", err)
+		}
+	})
+	if err := m.startLocked(ctx, ses, sizeOf(ses), true, &undo); err != nil {
+		m.log.Error("resume failed", "session", ses.SessionID, "container", ses.ContainerID, "err", err)
+		return store.Session{}, errdefs.Unavailable("the sandbox could not be started; the session is stopped with its workspace kept, retry the resume")
+	}
+	return *ses, nil
+}
+
+// checkDisk refuses a start when the data dir's file system is nearly full
+// (sandbox disks are sparse and grow as they are written).
+func (m *Manager) checkDisk() error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(m.data, &st); err != nil {
+		return nil
+	}
+	freeMiB := int64(st.Bavail) * int64(st.Bsize) >> 20
+	if freeMiB < int64(m.lim.MinFreeDiskMiB) {
+		return errdefs.Unavailable("the server is low on disk space; retry later")
+	}
+	return nil
+}
+
+// reserve takes capacity for a new sandbox: a slot on the server and in
+// its organization, and its size's memory.
+func (m *Manager) reserve(org string, memMiB int) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	switch {
+	case m.live >= m.lim.MaxSandboxes:
+		return errdefs.Unavailable("this server runs its maximum of %d sandboxes; retry later", m.lim.MaxSandboxes)
+	case m.perOrg[org] >= m.lim.MaxSandboxesPerOrg:
+		return errdefs.Unavailable("your organization runs its maximum of %d sandboxes; tear one down first", m.lim.MaxSandboxesPerOrg)
+	case m.memUsed+memMiB > m.memMax:
+		return errdefs.Unavailable("not enough memory left on this server for this size (%d MiB free); try a smaller size or later", max(m.memMax-m.memUsed, 0))
+	}
+	m.live++
+	m.perOrg[org]++
+	m.memUsed += memMiB
+	return nil
+}
+
+// account counts a sandbox found running at start.
+func (m *Manager) account(ses *store.Session) {
+	m.mu.Lock()
+	m.live++
+	m.perOrg[ses.OrgID]++
+	m.memUsed += ses.MemoryMiB
+	m.mu.Unlock()
+}
+
+// release gives back what reserve took for a session.
+func (m *Manager) release(org string, memMiB int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.live > 0 {
+		m.live--
+	}
+	if m.perOrg[org] > 0 {
+		m.perOrg[org]--
+	}
+	m.memUsed = max(m.memUsed-memMiB, 0)
+}
+
+// setStatusLocked moves a session along the state machine and persists it.
+func (m *Manager) setStatusLocked(ctx context.Context, ses *store.Session, to, reason string) error {
+	if ses.Status != to && !CanTransition(ses.Status, to) {
+		return fmt.Errorf("session %s: illegal transition %s -> %s", ses.ID, ses.Status, to)
+	}
+	now := m.now()
+	switch to {
+	case store.StatusRunning:
+		ses.StartedAt, ses.StoppedAt = &now, nil
+	case store.StatusStopped, store.StatusFailed:
+		if ses.StoppedAt == nil {
+			ses.StoppedAt = &now
+			ses.CreditsUsed += Credits(ses, now)
+		}
+	}
+	ses.Status, ses.StatusReason = to, reason
+	return m.db.UpdateSession(ctx, ses)
+}
+
+// startLocked creates and starts a provisioning session's sandbox, pushing
+// each step's undo. resumed says whether its disk comes from a teardown
+// (and must survive a failure).
+func (m *Manager) startLocked(ctx context.Context, ses *store.Session, z config.Size, resumed bool, undo *undoStack) error {
+	// A client that goes away must not leave a half-made sandbox: create
+	// runs to completion (or full undo) on its own context.
+	cctx, cancel := detached(ctx)
+	defer cancel()
+	if err := m.rt.Create(cctx, runsc.Sandbox{ID: ses.ContainerID, Image: m.image, Limits: Limits(z)}); err != nil {
+		return err // Create undid itself (keeping a teardown's disk)
+	}
+	undo.push(func() {
+		dctx, cancel := detached(ctx)
+		defer cancel()
+		if err := m.rt.Destroy(dctx, ses.ContainerID, runsc.DestroyOpts{KeepDisk: resumed}); err != nil {
+			m.log.Error("undo create", "session", ses.SessionID, "err", err)
+		}
+	})
+	// Its secrets join the scrubber of text no session can be told from
+	// (the standard library's log lines) before the sandbox can reach out.
+	m.Scrubber(ses.ID)
+	undo.push(func() { m.scrub.forget(ses.ID) })
+	if err := m.startEgress(ses); err != nil {
+		return fmt.Errorf("egress listener: %w", err)
+	}
+	undo.push(func() { m.egress.Close(ses.ID) })
+	if err := m.setStatusLocked(cctx, ses, store.StatusRunning, ""); err != nil {
+		return err
+	}
+	m.forgetActivity(ses.ID) // idle time counts from now, not from before a teardown
+	m.events.Event(ses.ID, "started", map[string]any{"size": ses.Size, "resumed": resumed})
+	m.hooks.Started(ses)
+	return nil
+}
+
+// stopLocked ends what a running sandbox has outside the driver: its
+// processes and log tail (hooks) and its egress listener.
+func (m *Manager) stopLocked(ses *store.Session) {
+	m.hooks.Stopped(ses.ID)
+	m.stopEgress(ses)
+}
+
+// Teardown is what a teardown did.
+type Teardown struct {
+	WorkspaceBytes int64
+}
+
+// Teardown stops a session's sandbox and releases its compute, keeping its
+// disk (workspace and writable root layer). Idempotent on a stopped session.
+func (m *Manager) Teardown(ctx context.Context, orgID, sessionID string) (store.Session, Teardown, error) {
+	ses, unlock, err := m.locked(ctx, orgID, sessionID)
+	if err != nil {
+		return store.Session{}, Teardown{}, err
+	}
+	defer unlock()
+	res, err := m.teardownLocked(ctx, ses)
+	return *ses, res, err
+}
+
+func (m *Manager) teardownLocked(ctx context.Context, ses *store.Session) (Teardown, error) {
+	var res Teardown
+	switch ses.Status {
+	case store.StatusStopped:
+		return res, nil
+	case store.StatusRunning, store.StatusFailed, store.StatusStopping:
+	default:
+		return res, errdefs.Conflict("session is %s; only a running or failed session can be torn down", ses.Status)
+	}
+	if ses.Status != store.StatusStopping {
+		wasLive := ses.Status == store.StatusRunning
+		if err := m.setStatusLocked(ctx, ses, store.StatusStopping, ses.StatusReason); err != nil {
+			return res, err
+		}
+		if wasLive {
+			m.release(ses.OrgID, ses.MemoryMiB) // a stopping session holds no capacity
+		}
+	}
+	m.stopLocked(ses)
+	if dir, release, err := m.rt.OpenWorkspace(ses.ContainerID, false); err == nil {
+		res.WorkspaceBytes = workspace.DiskUsage(dir)
+		if err := release(); err != nil {
+			m.log.Warn("release workspace", "session", ses.SessionID, "err", err)
+		}
+	}
+	dctx, cancel := detached(ctx)
+	defer cancel()
+	if err := m.rt.Destroy(dctx, ses.ContainerID, runsc.DestroyOpts{KeepDisk: true}); err != nil {
+		m.log.Error("teardown", "session", ses.SessionID, "err", err)
+		return res, errdefs.Unavailable("the sandbox could not be stopped completely; retry the teardown")
+	}
+	m.events.Event(ses.ID, "stopped", map[string]any{"workspaceBytes": res.WorkspaceBytes})
+	return res, m.setStatusLocked(dctx, ses, store.StatusStopped, ses.StatusReason)
+}
+
+// Delete tears a session down if needed and deletes its disk; the row
+// stays (status deleted) so the session id is never reused.
+func (m *Manager) Delete(ctx context.Context, orgID, sessionID string) error {
+	ses, unlock, err := m.locked(ctx, orgID, sessionID)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if ses.Status == store.StatusProvisioning {
+		return errdefs.Conflict("session is still provisioning")
+	}
+	live := ses.Status == store.StatusRunning || ses.Status == store.StatusStopping
+	if live {
+		m.stopLocked(ses) // teardown and markDead did it for the others
+	} else {
+		m.hooks.Stopped(ses.ID)
+	}
+	dctx, cancel := detached(ctx)
+	defer cancel()
+	if err := m.rt.Destroy(dctx, ses.ContainerID, runsc.DestroyOpts{}); err != nil {
+		m.log.Error("delete", "session", ses.SessionID, "err", err)
+		return errdefs.Unavailable("the sandbox could not be removed completely; retry the delete")
+	}
+	if live {
+		if ses.Status == store.StatusRunning {
+			m.release(ses.OrgID, ses.MemoryMiB)
+		}
+		now := m.now()
+		ses.StoppedAt = &now
+		ses.CreditsUsed += Credits(ses, now)
+	}
+	ses.Status = store.StatusDeleted
+	m.scrub.forget(ses.ID)
+	m.forgetActivity(ses.ID)
+	m.hooks.Deleted(ses.ID)
+	return m.db.UpdateSession(dctx, ses)
+}
+
+// deathReason names why a sandbox is not running: "oom" when its memory
+// cgroup killed it, else "exited".
+func deathReason(oom bool) string {
+	if oom {
+		return "oom"
+	}
+	return "exited"
+}
+
+// markDeadLocked records that a running sandbox died (reason "oom" or
+// "exited") and releases its host resources, keeping its disk.
+func (m *Manager) markDeadLocked(ctx context.Context, ses *store.Session, reason string) {
+	if ses.Status != store.StatusRunning {
+		return
+	}
+	m.stopEgress(ses)
+	dctx, cancel := detached(ctx)
+	defer cancel()
+	if err := m.setStatusLocked(dctx, ses, store.StatusFailed, reason); err != nil {
+		m.log.Error("mark failed", "session", ses.SessionID, "err", err)
+		return
+	}
+	m.release(ses.OrgID, ses.MemoryMiB)
+	m.hooks.Stopped(ses.ID)
+	if reason == "oom" {
+		m.events.Event(ses.ID, "oom", map[string]any{"memoryMiB": ses.MemoryMiB})
+	}
+	m.events.Event(ses.ID, "exit", map[string]any{"reason": reason})
+	m.log.Warn("sandbox died", "session", ses.SessionID, "reason", reason)
+	m.auditSystem("sandbox.failed", ses, map[string]any{"reason": reason})
+	if err := m.rt.Destroy(dctx, ses.ContainerID, runsc.DestroyOpts{KeepDisk: true}); err != nil {
+		m.log.Error("release dead sandbox", "session", ses.SessionID, "err", err)
+	}
+}
+
+// checkAliveLocked inspects a running session's sandbox and marks it
+// failed if it is gone.
+func (m *Manager) checkAliveLocked(ctx context.Context, ses *store.Session) {
+	if ses.Status != store.StatusRunning {
+		return
+	}
+	st, err := m.rt.Inspect(ctx, ses.ContainerID)
+	if err != nil {
+		m.log.Warn("inspect sandbox", "session", ses.SessionID, "err", err)
+		return
+	}
+	if st.Status == runsc.StatusRunning && st.OOMKills == 0 {
+		return
+	}
+	m.markDeadLocked(ctx, ses, deathReason(st.OOMKills > 0))
+}
+
+// NoteDead checks a session whose command failed as if its sandbox were
+// gone, and marks it failed if it is.
+func (m *Manager) NoteDead(pk string) {
+	unlock := m.lock(pk)
+	defer unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if cur, err := m.db.GetSessionByID(ctx, pk); err == nil {
+		m.checkAliveLocked(ctx, &cur)
+	}
+}
+
+// died marks a session failed whose command saw its sandbox die.
+func (m *Manager) died(pk, reason string) {
+	unlock := m.lock(pk)
+	defer unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if cur, err := m.db.GetSessionByID(ctx, pk); err == nil {
+		m.markDeadLocked(ctx, &cur, reason)
+	}
+}
+
+// Reconcile runs at start: sessions whose sandboxes still run stay usable,
+// records of dead ones are marked failed, interrupted operations are
+// finished, and leftovers of this server's prefix are collected. What it
+// cannot do for one session is logged and does not stop the others.
+func (m *Manager) Reconcile(ctx context.Context) error {
+	sessions, err := m.db.ListLiveSessions(ctx)
+	if err != nil {
+		return err
+	}
+	keep := map[string]bool{}
+	for i := range sessions {
+		ses := &sessions[i]
+		st, err := m.rt.Inspect(ctx, ses.ContainerID)
+		if err != nil {
+			return fmt.Errorf("inspect %s: %w", ses.ContainerID, err)
+		}
+		m.reconcileOne(ctx, ses, st, keep)
+	}
+	m.rt.CleanExecFiles()
+	if ids := m.rt.Collect(ctx, keep); len(ids) > 0 {
+		m.log.Info("collected leftover sandboxes", "count", len(ids))
+	}
+	return nil
+}
+
+func (m *Manager) reconcileOne(ctx context.Context, ses *store.Session, st runsc.State, keep map[string]bool) {
+	unlock := m.lock(ses.ID)
+	defer unlock()
+	logErr := func(what string, err error) {
+		if err != nil {
+			m.log.Error("reconcile: "+what, "session", ses.SessionID, "err", err)
+		}
+	}
+	switch ses.Status {
+	case store.StatusRunning:
+		if st.Status == runsc.StatusRunning && st.OOMKills == 0 {
+			keep[ses.ContainerID] = true
+			m.account(ses)
+			m.hooks.Started(ses)
+			m.Scrubber(ses.ID) // as in a start
+			// The sandbox lives on without a way out if this fails; say so.
+			logErr("egress listener", m.startEgress(ses))
+			return
+		}
+		m.account(ses) // released again by markDead
+		m.markDeadLocked(ctx, ses, deathReason(st.OOMKills > 0))
+	case store.StatusProvisioning:
+		if ses.StartedAt != nil {
+			// A resume was interrupted: back to stopped, disk kept.
+			logErr("destroy", m.rt.Destroy(ctx, ses.ContainerID, runsc.DestroyOpts{KeepDisk: true}))
+			logErr("status", m.setStatusLocked(ctx, ses, store.StatusStopped, ses.StatusReason))
+			m.auditSystem("sandbox.resume_undone", ses, nil)
+			return
+		}
+		// The server stopped in the middle of a create: undo it.
+		logErr("destroy", m.rt.Destroy(ctx, ses.ContainerID, runsc.DestroyOpts{}))
+		logErr("delete row", m.db.DeleteSessionRow(ctx, ses.ID))
+		m.auditSystem("sandbox.provision_undone", ses, nil)
+	case store.StatusStopping:
+		logErr("destroy", m.rt.Destroy(ctx, ses.ContainerID, runsc.DestroyOpts{KeepDisk: true}))
+		logErr("status", m.setStatusLocked(ctx, ses, store.StatusStopped, ses.StatusReason))
+		m.auditSystem("sandbox.teardown_finished", ses, nil)
+	}
+}
+
+// monitorEvery is how often the monitor checks running sandboxes.
+const monitorEvery = 5 * time.Second
+
+// StartMonitor checks running sandboxes periodically, so a sandbox that
+// dies (OOM) is reported even when no command is running, idle sessions
+// are torn down and egress counts are saved.
+func (m *Manager) StartMonitor() {
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		t := time.NewTicker(monitorEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-m.done:
+				return
+			case <-t.C:
+				m.sweep()
+			}
+		}
+	}()
+}
+
+func (m *Manager) sweep() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sessions, err := m.db.ListLiveSessions(ctx)
+	if err != nil {
+		m.log.Warn("monitor: list sessions", "err", err)
+		return
+	}
+	for i := range sessions {
+		if sessions[i].Status != store.StatusRunning {
+			continue
+		}
+		// A session busy with a long operation (a download holds its lock for
+		// up to minutes) waits for the next round, not the others.
+		unlock, ok := m.tryLock(sessions[i].ID)
+		if !ok {
+			continue
+		}
+		m.sweepOneLocked(ctx, sessions[i].ID)
+		unlock()
+	}
+}
+
+func (m *Manager) sweepOneLocked(ctx context.Context, pk string) {
+	// Re-read under the lock: the session may have moved on.
+	cur, err := m.db.GetSessionByID(ctx, pk)
+	if err != nil {
+		return
+	}
+	m.checkAliveLocked(ctx, &cur)
+	if cur.Status != store.StatusRunning {
+		return
+	}
+	m.persistEgress(ctx, &cur)
+	if m.idle(&cur, m.now()) {
+		m.log.Info("idle timeout: tearing down", "session", cur.SessionID, "idleTimeoutSeconds", cur.IdleTimeoutSeconds)
+		_, err := m.teardownLocked(ctx, &cur)
+		if err != nil {
+			m.log.Error("idle teardown", "session", cur.SessionID, "err", err)
+		}
+		m.auditSystem("sandbox.idle_teardown", &cur, map[string]any{"idleTimeoutSeconds": cur.IdleTimeoutSeconds, "ok": err == nil})
+	}
+}
+
+// Close stops the monitor. Sandboxes keep running.
+func (m *Manager) Close() {
+	select {
+	case <-m.done:
+	default:
+		close(m.done)
+	}
+	m.wg.Wait()
+}

@@ -1,0 +1,311 @@
+// Package sandbox is sandboxd's domain: the Manager owns every session's
+// lifecycle state machine (lifecycle.go), the per-session locks, the
+// server's capacity, provisioning, resuming, teardown, delete and the
+// marking of dead sandboxes with one undo stack, reconciliation at start,
+// the monitor (dead sandboxes, idle timeouts, egress usage), admission of
+// commands and the idle activity they count as, the sessions' egress
+// listeners and scrubbers, and usage credits as pure functions of time.
+//
+// It talks to the gVisor driver, the store and the egress proxy through the
+// small interfaces below, and to the parts that react to a sandbox starting
+// or stopping (processes, the session log) through Hooks. It knows nothing
+// of HTTP: errors are errdefs classes with public messages, mapped to
+// statuses by the edge (server.statusOf).
+//
+// Sessions: sessionId is the client's name of a session, unique in its
+// organization; pk is the store's primary key (store.Session.ID); the
+// container id is the driver's name of its sandbox.
+//
+// Concurrency: a Manager is safe for concurrent use. Each session has a
+// lock that every method taking an org and a sessionId holds for the whole
+// operation (never the caller's duty); methods and functions named
+// ...Locked need it held. m.mu guards the lock table, capacity and activity
+// and is never held while waiting for a session's lock or for I/O. The
+// monitor is one goroutine, started by StartMonitor and stopped by Close.
+package sandbox
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"sandboxd/egress"
+	"sandboxd/runsc"
+	"sandboxd/server/config"
+	"sandboxd/store"
+	"sandboxd/streams/scrub"
+)
+
+// Runtime is what the Manager needs from the gVisor driver (runsc.Runtime).
+type Runtime interface {
+	ContainerID(orgID, sessionID string) string
+	Create(ctx context.Context, sb runsc.Sandbox) error
+	Destroy(ctx context.Context, id string, o runsc.DestroyOpts) error
+	Inspect(ctx context.Context, id string) (runsc.State, error)
+	Collect(ctx context.Context, keep map[string]bool) []string
+	CleanExecFiles()
+	OpenWorkspace(id string, readOnly bool) (dir *os.File, release func() error, err error)
+	ListenProxy(id string) (net.Listener, error)
+	Exec(ctx context.Context, id string, req runsc.ExecRequest) (runsc.ExecResult, error)
+	KillAll(ctx context.Context, id string) error
+}
+
+// Store is what the Manager needs from the database (store.DB).
+type Store interface {
+	InsertSession(ctx context.Context, s *store.Session) error
+	GetSession(ctx context.Context, orgID, sessionID string) (store.Session, error)
+	GetSessionByID(ctx context.Context, pk string) (store.Session, error)
+	ListSessions(ctx context.Context, orgID, status string) ([]store.Session, error)
+	ListLiveSessions(ctx context.Context) ([]store.Session, error)
+	UpdateSession(ctx context.Context, s *store.Session) error
+	DeleteSessionRow(ctx context.Context, pk string) error
+	SetSecrets(ctx context.Context, pk string, secrets map[string]string) error
+	Secrets(ctx context.Context, pk string) (map[string]string, error)
+	SetEgressUsed(ctx context.Context, pk string, used int64) error
+	GetProject(ctx context.Context, orgID, projectID string) (store.Project, error)
+	Audit(rec store.AuditRecord)
+}
+
+// Egress is what the Manager needs from the egress proxy (egress.Proxy):
+// one listener per running session, inside that sandbox's proxy namespace.
+type Egress interface {
+	ServeWithPolicy(l net.Listener, pk string, pol *egress.Policy, used, limit int64) error
+	Close(pk string)
+	Usage(pk string) (used, limit int64, ok bool)
+	Destinations(pk string) map[string]egress.Dest
+}
+
+// Events receives a session's events (sessionlog.Logs).
+type Events interface {
+	Event(pk, kind string, fields map[string]any)
+}
+
+// Hooks are the parts that react to a session's sandbox starting and
+// stopping: its processes, its log. Called with the session's lock held;
+// they must not call back into the Manager.
+type Hooks interface {
+	// Started: the sandbox runs (after a provision, a resume, or found
+	// running at start).
+	Started(ses *store.Session)
+	// Stopped: the sandbox is going away (teardown, death, delete); its
+	// processes end.
+	Stopped(pk string)
+	// Deleted: the session is gone for good; per-session state is dropped.
+	Deleted(pk string)
+}
+
+// Options configure a Manager.
+type Options struct {
+	Limits  config.Limits
+	DataDir string // its file system holds the sandboxes' disks
+	Image   string // the root filesystem sandboxes start from
+	Runtime Runtime
+	Store   Store
+	Egress  Egress
+	Policy  *egress.Policy // the allowlist (per project)
+	Events  Events
+	Hooks   Hooks
+	// Rules is the scrubber's pattern set; each session's adds its secrets.
+	Rules *scrub.Set
+	Log   *slog.Logger
+	// Now is the clock (tests set it); nil means time.Now().UTC().
+	Now func() time.Time
+}
+
+// Manager owns the lifecycle of sessions.
+type Manager struct {
+	lim    config.Limits
+	data   string
+	image  string
+	rt     Runtime
+	db     Store
+	egress Egress
+	policy *egress.Policy
+	events Events
+	hooks  Hooks
+	scrub  *scrubbers
+	log    *slog.Logger
+	now    func() time.Time
+
+	mu    sync.Mutex
+	locks map[string]*sessionLock // by pk; dropped when unused
+	// live counts sandboxes provisioning or running; perOrg and memUsed
+	// (MiB) are what they hold; memMax caps memUsed.
+	live     int
+	perOrg   map[string]int
+	memUsed  int
+	memMax   int
+	activity map[string]*activity // by pk: commands running, last use
+
+	done chan struct{}
+	wg   sync.WaitGroup
+}
+
+// New returns a Manager; call Reconcile, then StartMonitor.
+func New(o Options) *Manager {
+	m := &Manager{lim: o.Limits, data: o.DataDir, image: o.Image, rt: o.Runtime, db: o.Store, egress: o.Egress,
+		policy: o.Policy, events: o.Events, hooks: o.Hooks, log: o.Log, now: o.Now,
+		scrub: &scrubbers{base: o.Rules}, locks: map[string]*sessionLock{}, perOrg: map[string]int{},
+		activity: map[string]*activity{}, done: make(chan struct{})}
+	if m.now == nil {
+		m.now = func() time.Time { return time.Now().UTC() }
+	}
+	m.memMax = o.Limits.MaxMemoryMiB
+	if m.memMax == 0 {
+		m.memMax = hostMemoryMiB() - 2048
+	}
+	return m
+}
+
+// hostMemoryMiB reads MemTotal from /proc/meminfo.
+func hostMemoryMiB() int {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "MemTotal:"); ok {
+			kb, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
+			return kb / 1024
+		}
+	}
+	return 0
+}
+
+// sessionLock is a session's lock; refs counts holders and waiters, so
+// the table drops it when nobody needs it.
+type sessionLock struct {
+	mu   sync.Mutex
+	refs int
+}
+
+func (m *Manager) lockRef(pk string) *sessionLock {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	l := m.locks[pk]
+	if l == nil {
+		l = &sessionLock{}
+		m.locks[pk] = l
+	}
+	l.refs++
+	return l
+}
+
+func (m *Manager) unref(pk string, l *sessionLock) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if l.refs--; l.refs == 0 {
+		delete(m.locks, pk)
+	}
+}
+
+// lock takes a session's lock and returns its release.
+func (m *Manager) lock(pk string) func() {
+	l := m.lockRef(pk)
+	l.mu.Lock()
+	return func() {
+		l.mu.Unlock()
+		m.unref(pk, l)
+	}
+}
+
+// tryLock takes a session's lock only if it is free.
+func (m *Manager) tryLock(pk string) (func(), bool) {
+	l := m.lockRef(pk)
+	if !l.mu.TryLock() {
+		m.unref(pk, l)
+		return nil, false
+	}
+	return func() {
+		l.mu.Unlock()
+		m.unref(pk, l)
+	}, true
+}
+
+type activity struct {
+	running int
+	last    time.Time
+}
+
+// begin records that a command started in a session; the returned func
+// records its end. ok is false (and nothing recorded) when max commands
+// already run there (max 0: no limit).
+func (m *Manager) begin(pk string, max int) (end func(), ok bool) {
+	m.mu.Lock()
+	a := m.activity[pk]
+	if a == nil {
+		a = &activity{}
+		m.activity[pk] = a
+	}
+	if max > 0 && a.running >= max {
+		m.mu.Unlock()
+		return nil, false
+	}
+	a.running++
+	a.last = m.now()
+	m.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			m.mu.Lock()
+			a.running--
+			a.last = m.now()
+			m.mu.Unlock()
+		})
+	}, true
+}
+
+// idle reports whether a session has run nothing for longer than its idle
+// timeout (0: never idle). Time without a record counts from first sight.
+func (m *Manager) idle(ses *store.Session, now time.Time) bool {
+	if ses.IdleTimeoutSeconds <= 0 {
+		return false
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	a := m.activity[ses.ID]
+	if a == nil {
+		m.activity[ses.ID] = &activity{last: now}
+		return false
+	}
+	return a.running == 0 && now.Sub(a.last) > time.Duration(ses.IdleTimeoutSeconds)*time.Second
+}
+
+// forgetActivity drops a session's idle record.
+func (m *Manager) forgetActivity(pk string) {
+	m.mu.Lock()
+	delete(m.activity, pk)
+	m.mu.Unlock()
+}
+
+// auditSystem records what the server did on its own (user "system").
+func (m *Manager) auditSystem(action string, ses *store.Session, details map[string]any) {
+	m.db.Audit(store.AuditRecord{
+		Time: m.now(), OrgID: ses.OrgID, UserID: "system", Action: action,
+		SessionID: ses.SessionID, Outcome: "ok", Details: details,
+	})
+}
+
+// detached is a context for work that must finish once begun (a destroy, an
+// undo) even if the caller's ends: it keeps ctx's values, not its
+// cancellation, and is bounded by its own timeout.
+func detached(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+}
+
+// undoStack runs registered undo steps in reverse order: every step of a
+// start pushes its undo, and a failure runs them.
+type undoStack []func()
+
+func (u *undoStack) push(f func()) { *u = append(*u, f) }
+
+func (u *undoStack) run() {
+	for i := len(*u) - 1; i >= 0; i-- {
+		(*u)[i]()
+	}
+}

@@ -1,0 +1,159 @@
+// Package sandboxtest holds test doubles for the sandbox domain: a fake
+// gVisor driver. Tests only; nothing here reaches a running server.
+package sandboxtest
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"sandboxd/runsc"
+	"sandboxd/runsc/agent"
+)
+
+// Runtime is a fake gVisor driver that records what it is asked and
+// keeps each sandbox's workspace as a plain directory under WorkspaceRoot.
+// Set the exported fields before use (or under Mu).
+type Runtime struct {
+	Mu            sync.Mutex
+	WorkspaceRoot string
+	Calls         []string // "create <id>", "destroy <id> keep=<bool>", "exec <id>", "inspect <id>"
+	Created       []runsc.Sandbox
+	Execs         []runsc.ExecRequest
+	CreateErr     error
+	DestroyErr    error
+	InspectState  runsc.State
+	// ExecFn, if set, runs for Exec; by default Exec prints "ok" and exits 0.
+	ExecFn func(req runsc.ExecRequest) (runsc.ExecResult, error)
+	// CreateGate, if set, makes Create signal CreateStarted and wait for it.
+	CreateGate    chan struct{}
+	CreateStarted chan struct{}
+}
+
+// ContainerID hashes org and session like the real driver.
+func (f *Runtime) ContainerID(orgID, sessionID string) string {
+	sum := sha256.Sum256([]byte(orgID + "\x00" + sessionID))
+	return "sbxtest-" + hex.EncodeToString(sum[:8])
+}
+
+// Record appends a call.
+func (f *Runtime) Record(s string) {
+	f.Mu.Lock()
+	f.Calls = append(f.Calls, s)
+	f.Mu.Unlock()
+}
+
+func (f *Runtime) Create(ctx context.Context, sb runsc.Sandbox) error {
+	if f.CreateGate != nil {
+		f.CreateStarted <- struct{}{}
+		<-f.CreateGate
+	}
+	f.Mu.Lock()
+	defer f.Mu.Unlock()
+	f.Calls = append(f.Calls, "create "+sb.ID)
+	f.Created = append(f.Created, sb)
+	if f.CreateErr != nil {
+		return f.CreateErr
+	}
+	ws := filepath.Join(f.WorkspaceRoot, sb.ID)
+	if err := os.MkdirAll(ws, 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(ws, "README"), []byte("hello"), 0o644)
+}
+
+func (f *Runtime) Destroy(ctx context.Context, id string, o runsc.DestroyOpts) error {
+	f.Mu.Lock()
+	defer f.Mu.Unlock()
+	f.Calls = append(f.Calls, fmt.Sprintf("destroy %s keep=%v", id, o.KeepDisk))
+	return f.DestroyErr
+}
+
+func (f *Runtime) Inspect(ctx context.Context, id string) (runsc.State, error) {
+	f.Record("inspect " + id)
+	f.Mu.Lock()
+	defer f.Mu.Unlock()
+	st := f.InspectState
+	st.ID = id
+	if st.Status == "" {
+		st.Status = runsc.StatusRunning
+	}
+	return st, nil
+}
+
+func (f *Runtime) Exec(ctx context.Context, id string, req runsc.ExecRequest) (runsc.ExecResult, error) {
+	f.Mu.Lock()
+	f.Calls = append(f.Calls, "exec "+id)
+	f.Execs = append(f.Execs, req)
+	fn := f.ExecFn
+	f.Mu.Unlock()
+	if fn != nil {
+		return fn(req)
+	}
+	io.WriteString(req.Stdout, "ok\n")
+	return runsc.ExecResult{Duration: 5 * time.Millisecond}, nil
+}
+
+func (f *Runtime) Collect(ctx context.Context, keep map[string]bool) []string { return nil }
+
+// OpenWorkspace opens the fake sandbox's workspace, a plain directory.
+func (f *Runtime) OpenWorkspace(id string, readOnly bool) (*os.File, func() error, error) {
+	d, err := os.Open(filepath.Join(f.WorkspaceRoot, id))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil, runsc.ErrNoDisk
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	return d, d.Close, nil
+}
+
+func (f *Runtime) KernelLog(id string) string {
+	return filepath.Join(f.WorkspaceRoot, id+".kernel.log")
+}
+
+func (f *Runtime) ReleaseIdle() {}
+
+func (f *Runtime) KillAll(ctx context.Context, id string) error {
+	f.Record("killall " + id)
+	return nil
+}
+
+func (f *Runtime) CleanExecFiles() {}
+
+// ListenProxy gives the fake sandbox a loopback listener for its proxy.
+func (f *Runtime) ListenProxy(id string) (net.Listener, error) {
+	return net.Listen("tcp", "127.0.0.1:0")
+}
+
+func (f *Runtime) StartDirect(ctx context.Context, id string, s agent.Spec) (runsc.Process, error) {
+	f.Record("startdirect " + id)
+	return nil, errors.New("no runsc in the fake runtime")
+}
+
+func (f *Runtime) Start(ctx context.Context, id string, s agent.Spec) (runsc.Process, error) {
+	f.Record("start " + id)
+	return nil, &agent.AgentError{Message: "no agent in the fake runtime"}
+}
+
+// CallsWith lists the calls starting with prefix.
+func (f *Runtime) CallsWith(prefix string) []string {
+	f.Mu.Lock()
+	defer f.Mu.Unlock()
+	var out []string
+	for _, c := range f.Calls {
+		if strings.HasPrefix(c, prefix) {
+			out = append(out, c)
+		}
+	}
+	return out
+}

@@ -1,0 +1,67 @@
+package sandbox
+
+import (
+	"sync"
+	"testing"
+
+	"sandboxd/configs"
+	"sandboxd/streams/scrub"
+)
+
+func TestRedact(t *testing.T) {
+	secrets := map[string]string{"TOKEN": "s3cr3t-value", "SHORT": "abc", "API": "key-123456"}
+	cases := []struct{ in, want string }{
+		{"", ""},
+		{"nothing here", "nothing here"},
+		{"token=s3cr3t-value;", "token=[REDACTED:TOKEN];"},
+		{"s3cr3t-values3cr3t-value", "[REDACTED:TOKEN][REDACTED:TOKEN]"},
+		{"a key-123456 and s3cr3t-value", "a [REDACTED:API] and [REDACTED:TOKEN]"},
+		// Values under scrub.MinValueLen are never replaced (they would redact ordinary text).
+		{"abc abc", "abc abc"},
+		// A partial value is not redacted.
+		{"s3cr3t-valu", "s3cr3t-valu"},
+	}
+	for _, c := range cases {
+		if got := redact(c.in, secrets); got != c.want {
+			t.Errorf("redact(%q) = %q, want %q", c.in, got, c.want)
+		}
+	}
+	if got := redact("s3cr3t-value", nil); got != "s3cr3t-value" {
+		t.Errorf("redact with no secrets = %q", got)
+	}
+}
+
+// TestRedactOverlapping: when one secret value contains another, the
+// longer one wins whatever the map's order (a shorter one replaced first
+// would leak the rest of the longer: "[REDACTED:SHORT]gh").
+func TestRedactOverlapping(t *testing.T) {
+	secrets := map[string]string{"LONG": "abcdefgh", "SHORT": "abcdef"}
+	for range 20 { // map order varies: a wrong order shows within a few
+		if got := redact("x abcdefgh y", secrets); got != "x [REDACTED:LONG] y" {
+			t.Fatalf("overlapping secrets give %q", got)
+		}
+	}
+}
+
+// redact runs text through a session scrubber with these secrets and the
+// built-in rules, as command output does.
+func redact(in string, secrets map[string]string) string {
+	return (&scrubbers{base: builtinRules()}).forSession("test", secrets).RedactString(in)
+}
+
+// builtinRules compiles configs/scrubber.yaml once.
+var builtinRules = sync.OnceValue(func() *scrub.Set {
+	b, err := configs.FS.ReadFile("scrubber.yaml")
+	if err != nil {
+		panic(err)
+	}
+	rules, err := scrub.LoadRules(b)
+	if err != nil {
+		panic(err)
+	}
+	base, err := scrub.NewSet(rules)
+	if err != nil {
+		panic(err)
+	}
+	return base
+})

@@ -1,0 +1,273 @@
+package server
+
+import (
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/gin-gonic/gin"
+
+	"sandboxd/server/config"
+	"sandboxd/server/errdefs"
+	"sandboxd/server/sandbox"
+	"sandboxd/store"
+	"sandboxd/streams/scrub"
+)
+
+type provisionRequest struct {
+	SessionID          string            `json:"sessionId"`
+	Size               string            `json:"size"`
+	GitRepo            string            `json:"gitRepo"`
+	GitBranch          string            `json:"gitBranch"`
+	ProjectID          string            `json:"projectId"`
+	Env                map[string]string `json:"env"`
+	Secrets            map[string]string `json:"secrets"`
+	IdleTimeoutSeconds *int              `json:"idleTimeoutSeconds"`
+}
+
+func (s *Server) validateProvision(req *provisionRequest) (config.Size, error) {
+	if req.SessionID == "" {
+		return config.Size{}, errdefs.Invalid("sessionId: required").WithCode("invalid_session_id")
+	}
+	if !validSessionID(req.SessionID) {
+		return config.Size{}, errInvalidSessionID
+	}
+	size, ok := s.cfg.Sizes.Resolve(req.Size)
+	if !ok {
+		return config.Size{}, errdefs.Invalid("size: must be one of %s", strings.Join(s.cfg.Sizes.Names(), ", ")).WithCode("invalid_size")
+	}
+	if req.GitRepo != "" && !validRepo(req.GitRepo) {
+		return config.Size{}, errdefs.Invalid("gitRepo: must be owner/name (owner: 1-39 of letters, digits, '-'; name: 1-100 of letters, digits, '.', '_', '-')").WithCode("invalid_repo")
+	}
+	if req.GitBranch != "" {
+		if req.GitRepo == "" {
+			return config.Size{}, errdefs.Invalid("gitBranch: needs gitRepo").WithCode("invalid_branch")
+		}
+		if !validBranch(req.GitBranch) {
+			return config.Size{}, errdefs.Invalid("gitBranch: not a valid git branch name").WithCode("invalid_branch")
+		}
+	}
+	if e := checkEnv("env", req.Env); e != nil {
+		return config.Size{}, e
+	}
+	if e := checkEnv("secrets", req.Secrets); e != nil {
+		return config.Size{}, e
+	}
+	for k, v := range req.Secrets {
+		if len(v) < scrub.MinValueLen {
+			return config.Size{}, badRequest("secrets: value of %s is shorter than %d bytes and cannot be redacted safely; it was not accepted", k, scrub.MinValueLen)
+		}
+	}
+	if t := req.IdleTimeoutSeconds; t != nil && (*t < 0 || *t > 7*24*3600) {
+		return config.Size{}, badRequest("idleTimeoutSeconds: must be 0-604800")
+	}
+	return size, nil
+}
+
+// provision: POST /v1/sandbox.
+func (s *Server) provision(c *gin.Context) {
+	var req provisionRequest
+	if err := decodeJSON(c, &req); err != nil {
+		s.writeError(c, err)
+		return
+	}
+	size, err := s.validateProvision(&req)
+	if err != nil {
+		s.writeError(c, err)
+		return
+	}
+	c.Params = append(c.Params, gin.Param{Key: "sessionId", Value: req.SessionID}) // for the audit record
+	auditDetail(c, "size", size.Name)
+	if req.GitRepo != "" {
+		// Cloning uses the caller's connected GitHub credential; none can
+		// be connected yet.
+		s.writeError(c, errdefs.New(errdefs.ErrPrecondition, "gitRepo needs a connected GitHub credential (PUT /v1/me/github); nothing was provisioned").WithCode("github_not_connected"))
+		return
+	}
+	idle := 0
+	if req.IdleTimeoutSeconds != nil {
+		idle = *req.IdleTimeoutSeconds
+	}
+	start := time.Now()
+	ses, err := s.sessions.Provision(c.Request.Context(), principal(c), sandbox.Spec{
+		SessionID: req.SessionID, ProjectID: req.ProjectID, Size: size, RequestedSize: req.Size,
+		Env: req.Env, Secrets: req.Secrets, IdleTimeoutSeconds: idle, GitRepo: req.GitRepo, GitBranch: req.GitBranch,
+	})
+	if err != nil {
+		s.writeError(c, err)
+		return
+	}
+	auditDetail(c, "provisionMs", time.Since(start).Milliseconds())
+	s.met.provision.Observe(time.Since(start).Seconds())
+	c.JSON(http.StatusCreated, sandboxJSON(&ses))
+}
+
+// sessionFor loads the caller's session by its id: unknown ids and other
+// organizations' sessions are the same 404.
+func (s *Server) sessionFor(c *gin.Context) (*store.Session, bool) {
+	id := c.Param("sessionId")
+	if !validSessionID(id) {
+		s.writeError(c, errInvalidSessionID)
+		return nil, false
+	}
+	ses, err := s.sessions.Get(c.Request.Context(), principal(c).Org.ID, id)
+	if err != nil {
+		s.writeError(c, err)
+		return nil, false
+	}
+	return &ses, true
+}
+
+// sessionID is the route's session id, checked; on failure it has answered.
+func (s *Server) sessionID(c *gin.Context) (string, bool) {
+	id := c.Param("sessionId")
+	if !validSessionID(id) {
+		s.writeError(c, errInvalidSessionID)
+		return "", false
+	}
+	return id, true
+}
+
+func (s *Server) listSandboxes(c *gin.Context) {
+	status := c.Query("status")
+	if status != "" && !slices.Contains(sandbox.Statuses, status) {
+		s.writeError(c, badRequest("status: must be %s", strings.Join(sandbox.Statuses, ", ")))
+		return
+	}
+	list, err := s.sessions.List(c.Request.Context(), principal(c).Org.ID, status)
+	if err != nil {
+		s.writeError(c, err)
+		return
+	}
+	out := make([]sandboxObject, 0, len(list))
+	for i := range list {
+		out = append(out, sandboxJSON(&list[i]))
+	}
+	c.JSON(http.StatusOK, gin.H{"sandboxes": out})
+}
+
+func (s *Server) getSandbox(c *gin.Context) {
+	ses, ok := s.sessionFor(c)
+	if !ok {
+		return
+	}
+	c.JSON(http.StatusOK, sandboxJSON(ses))
+}
+
+func (s *Server) teardown(c *gin.Context) {
+	id, ok := s.sessionID(c)
+	if !ok {
+		return
+	}
+	ses, res, err := s.sessions.Teardown(c.Request.Context(), principal(c).Org.ID, id)
+	if err != nil {
+		s.writeError(c, err)
+		return
+	}
+	auditDetail(c, "workspaceBytes", res.WorkspaceBytes)
+	obj := sandboxJSON(&ses)
+	// gitPushed and gitError are placeholders of the contract until git
+	// pairing lands.
+	obj.Teardown = &teardownResult{WorkspaceBytes: res.WorkspaceBytes}
+	c.JSON(http.StatusOK, obj)
+}
+
+// teardownResult is the contract's teardown report.
+type teardownResult struct {
+	WorkspaceBytes int64   `json:"workspaceBytes"`
+	GitPushed      bool    `json:"gitPushed"`
+	GitError       *string `json:"gitError"`
+}
+
+// resume: POST /v1/sandbox/:sessionId/resume (sandbox.Manager.Resume).
+func (s *Server) resume(c *gin.Context) {
+	id, ok := s.sessionID(c)
+	if !ok {
+		return
+	}
+	start := time.Now()
+	ses, err := s.sessions.Resume(c.Request.Context(), principal(c).Org.ID, id)
+	if err != nil {
+		s.writeError(c, err)
+		return
+	}
+	auditDetail(c, "provisionMs", time.Since(start).Milliseconds())
+	s.met.provision.Observe(time.Since(start).Seconds())
+	c.JSON(http.StatusOK, sandboxJSON(&ses))
+}
+
+func (s *Server) deleteSandbox(c *gin.Context) {
+	id, ok := s.sessionID(c)
+	if !ok {
+		return
+	}
+	if err := s.sessions.Delete(c.Request.Context(), principal(c).Org.ID, id); err != nil {
+		s.writeError(c, err)
+		return
+	}
+	c.Status(http.StatusNoContent)
+}
+
+// sandboxObject is the contract's Sandbox object.
+type sandboxObject struct {
+	SessionID     string            `json:"sessionId"`
+	OrgID         string            `json:"orgId"`
+	ProjectID     string            `json:"projectId"`
+	Status        string            `json:"status"`
+	StatusReason  *string           `json:"statusReason"`
+	Size          string            `json:"size"`
+	RequestedSize string            `json:"requestedSize"`
+	Resources     resources         `json:"resources"`
+	GitRepo       *string           `json:"gitRepo"`
+	GitBranch     *string           `json:"gitBranch"`
+	SecretNames   []string          `json:"secretNames"`
+	CreatedAt     time.Time         `json:"createdAt"`
+	StartedAt     *time.Time        `json:"startedAt"`
+	StoppedAt     *time.Time        `json:"stoppedAt"`
+	Egress        egressUsage       `json:"egress"`
+	Credits       creditUsage       `json:"credits"`
+	URLs          map[string]string `json:"urls"`
+	Teardown      *teardownResult   `json:"teardown,omitempty"`
+}
+
+type resources struct {
+	VCPUs     int `json:"vcpus"`
+	MemoryMiB int `json:"memoryMiB"`
+	DiskMiB   int `json:"diskMiB"`
+}
+
+type egressUsage struct {
+	BytesUsed  int64 `json:"bytesUsed"`
+	BytesLimit int64 `json:"bytesLimit"`
+}
+
+type creditUsage struct {
+	Used float64 `json:"used"`
+}
+
+func strPtr(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+func sandboxJSON(ses *store.Session) sandboxObject {
+	names := ses.SecretNames
+	if names == nil {
+		names = []string{}
+	}
+	return sandboxObject{
+		SessionID: ses.SessionID, OrgID: ses.OrgID, ProjectID: ses.ProjectID,
+		Status: ses.Status, StatusReason: strPtr(ses.StatusReason),
+		Size: ses.Size, RequestedSize: ses.RequestedSize,
+		Resources: resources{VCPUs: ses.VCPUs, MemoryMiB: ses.MemoryMiB, DiskMiB: ses.DiskMiB},
+		GitRepo:   strPtr(ses.GitRepo), GitBranch: strPtr(ses.GitBranch),
+		SecretNames: names,
+		CreatedAt:   ses.CreatedAt, StartedAt: ses.StartedAt, StoppedAt: ses.StoppedAt,
+		Egress:  egressUsage{BytesUsed: ses.EgressBytesUsed, BytesLimit: ses.EgressBytesLimit},
+		Credits: creditUsage{Used: sandbox.CreditsUsed(ses, time.Now().UTC())},
+		URLs:    map[string]string{}, // a placeholder until the portal lands
+	}
+}
