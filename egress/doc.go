@@ -1,7 +1,9 @@
 // Package egress owns the sandboxes' only way out: a per-session HTTP
 // forward proxy (plain requests through elazarl/goproxy, CONNECT tunnels
 // handled here), the allowlist policy it decides with, the guarded dialer,
-// and each session's byte quota and per-destination counters.
+// and each session's byte quota and per-destination counters. A session
+// is named by its key, the caller's choice (sandboxd passes the store's
+// primary key of the session, never the client's sessionId).
 //
 // # Deciding
 //
@@ -65,7 +67,7 @@
 // downloads take reservations that stay clear of it. When the count reaches the limit
 // every connection of the session is cut and Events.QuotaExceeded is
 // called once; later connections get 403 "Egress quota exceeded" (the
-// proxy's own refusals are not counted). Usage, Snapshot and Destinations
+// proxy's own refusals are not counted). Usage and Destinations
 // report counts for the caller to persist; Serve takes the bytes already
 // used, so a restarted session keeps its count.
 //

@@ -71,17 +71,17 @@ type recEvents struct {
 	quotaID []string
 }
 
-func (e *recEvents) Denied(sessionID, host string, port int, reason string) {
+func (e *recEvents) Denied(key, host string, port int, reason string) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.denied = append(e.denied, denial{sessionID, host, port, reason})
+	e.denied = append(e.denied, denial{key, host, port, reason})
 }
 
-func (e *recEvents) QuotaExceeded(sessionID string, used, limit int64) {
+func (e *recEvents) QuotaExceeded(key string, used, limit int64) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.quota = append(e.quota, used)
-	e.quotaID = append(e.quotaID, sessionID)
+	e.quotaID = append(e.quotaID, key)
 }
 
 func (e *recEvents) denials() []denial {
@@ -290,7 +290,7 @@ func (e *env) serve(id string, used, limit int64) string {
 		e.t.Fatal(err)
 	}
 	done := make(chan error, 1)
-	go func() { done <- e.p.Serve(l, id, used, limit) }()
+	go func() { done <- e.p.ServeWithPolicy(l, id, nil, used, limit) }()
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
 		if _, _, ok := e.p.Usage(id); ok {
 			break

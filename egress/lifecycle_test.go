@@ -200,12 +200,12 @@ func TestServeErrorsAndShutdown(t *testing.T) {
 	e := newEnv(t, testConfig())
 	e.serve("s1", 0, 100)
 	l, _ := net.Listen("tcp", "127.0.0.1:0")
-	if err := e.p.Serve(l, "s1", 0, 100); err == nil || !strings.Contains(err.Error(), "already being served") {
+	if err := e.p.ServeWithPolicy(l, "s1", nil, 0, 100); err == nil || !strings.Contains(err.Error(), "already being served") {
 		t.Errorf("duplicate session: %v", err)
 	}
 	l2, _ := net.Listen("tcp", "127.0.0.1:0")
 	done := make(chan error, 1)
-	go func() { done <- e.p.Serve(l2, "s2", 0, 100) }()
+	go func() { done <- e.p.ServeWithPolicy(l2, "s2", nil, 0, 100) }()
 	// The caller closing the listener ends Serve too.
 	time.Sleep(20 * time.Millisecond)
 	l2.Close()
@@ -215,7 +215,7 @@ func TestServeErrorsAndShutdown(t *testing.T) {
 	e.p.Shutdown()
 	e.p.Shutdown() // idempotent
 	l3, _ := net.Listen("tcp", "127.0.0.1:0")
-	if err := e.p.Serve(l3, "s3", 0, 100); !errors.Is(err, ErrClosed) {
+	if err := e.p.ServeWithPolicy(l3, "s3", nil, 0, 100); !errors.Is(err, ErrClosed) {
 		t.Errorf("Serve after Shutdown: %v", err)
 	}
 }

@@ -27,10 +27,10 @@ type Events interface {
 	// Denied: a request or tunnel to host:port was refused. host is the
 	// normalized host, or the cleaned raw one when it did not normalize;
 	// port is 0 when unknown. reason is one of the Reason constants.
-	Denied(sessionID, host string, port int, reason string)
+	Denied(key, host string, port int, reason string)
 	// QuotaExceeded: the session's byte count reached limit (once per
 	// Serve call). used is the count at that moment, in bytes.
-	QuotaExceeded(sessionID string, used, limit int64)
+	QuotaExceeded(key string, used, limit int64)
 }
 
 // Options configure a Proxy. Every field may be zero.
@@ -53,7 +53,7 @@ type Options struct {
 	// usageStep (a 64th of its limit, 1 to 64 MiB), so the caller can save
 	// it between periodic saves: a crash then forgets at most about one
 	// step. It is called from the data path and must not block.
-	OnUsage func(sessionID string, used int64)
+	OnUsage func(key string, used int64)
 }
 
 const defaultMaxConnsPerSession = 256
@@ -189,23 +189,18 @@ type discardLogger struct{}
 
 func (discardLogger) Printf(string, ...any) {}
 
-// Serve is ServeWithPolicy with the proxy's own policy.
-func (p *Proxy) Serve(l net.Listener, sessionID string, used, limit int64) error {
-	return p.ServeWithPolicy(l, sessionID, nil, used, limit)
-}
-
 // ServeWithPolicy serves one session on l (which may live in another
-// network namespace) until Close(sessionID), Shutdown or l fails, and
+// network namespace) until Close(key), Shutdown or l fails, and
 // closes l. used is the session's byte count so far (after a restart),
 // limit its quota in bytes; used >= limit (so any limit <= 0) allows no
 // traffic. pol (nil: the proxy's) is the session's policy, e.g. from
 // Policy.Narrow. It returns nil when closed, ErrClosed after Shutdown, an
 // error for a session id already being served, or the listener's error.
-func (p *Proxy) ServeWithPolicy(l net.Listener, sessionID string, pol *Policy, used, limit int64) error {
+func (p *Proxy) ServeWithPolicy(l net.Listener, key string, pol *Policy, used, limit int64) error {
 	if pol == nil {
 		pol = p.pol
 	}
-	s := newSession(p, sessionID, pol, used, limit)
+	s := newSession(p, key, pol, used, limit)
 	dt := pol.dialTimeout()
 	if p.dialTimeout > 0 {
 		dt = p.dialTimeout
@@ -235,17 +230,17 @@ func (p *Proxy) ServeWithPolicy(l net.Listener, sessionID string, pol *Policy, u
 		p.mu.Unlock()
 		_ = l.Close()
 		return ErrClosed
-	case p.sessions[sessionID] != nil:
+	case p.sessions[key] != nil:
 		p.mu.Unlock()
 		p.track.exit()
 		_ = l.Close()
-		return fmt.Errorf("egress: session %s is already being served", sessionID)
+		return fmt.Errorf("egress: session %s is already being served", key)
 	}
-	p.sessions[sessionID] = s
+	p.sessions[key] = s
 	p.mu.Unlock()
 	defer p.track.exit()
 
-	p.log.Debug("egress session serving", "session", sessionID, "used", used, "limit", limit)
+	p.log.Debug("egress session serving", "session", key, "used", used, "limit", limit)
 	err := s.srv.Serve(&sessListener{Listener: l, s: s})
 	_ = l.Close() // Close may have won before Serve tracked l
 	p.closeSession(s)
@@ -253,7 +248,7 @@ func (p *Proxy) ServeWithPolicy(l net.Listener, sessionID string, pol *Policy, u
 	if err == nil || errors.Is(err, http.ErrServerClosed) || errors.Is(err, net.ErrClosed) {
 		return nil
 	}
-	return fmt.Errorf("egress: serve session %s: %w", sessionID, err)
+	return fmt.Errorf("egress: serve session %s: %w", key, err)
 }
 
 // closeSession stops accepting and cuts every connection; idempotent.
@@ -282,9 +277,9 @@ func (p *Proxy) retire(s *session) {
 // Close closes the session's listener and cuts its open connections and
 // tunnels; its Serve then returns (Close does not wait for that). The id
 // may be served again at once. Unknown ids are ignored.
-func (p *Proxy) Close(sessionID string) {
+func (p *Proxy) Close(key string) {
 	p.mu.Lock()
-	s := p.sessions[sessionID]
+	s := p.sessions[key]
 	p.mu.Unlock()
 	if s != nil {
 		p.closeSession(s)
@@ -308,46 +303,31 @@ func (p *Proxy) Shutdown() {
 	p.track.closeAndWait()
 }
 
-func (p *Proxy) lookup(sessionID string) *session {
+func (p *Proxy) lookup(key string) *session {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if s := p.sessions[sessionID]; s != nil {
+	if s := p.sessions[key]; s != nil {
 		return s
 	}
-	return p.done[sessionID]
+	return p.done[key]
 }
 
 // Usage returns the session's bytes used (both directions, including the
 // used it started with) and its limit. Ended sessions keep answering for
 // a while (the last 256); ok is false for unknown ids.
-func (p *Proxy) Usage(sessionID string) (used, limit int64, ok bool) {
-	s := p.lookup(sessionID)
+func (p *Proxy) Usage(key string) (used, limit int64, ok bool) {
+	s := p.lookup(key)
 	if s == nil {
 		return 0, 0, false
 	}
 	return s.usedBytes(), s.limit, true
 }
 
-// Snapshot returns bytes used by every session Usage knows, for periodic
-// persistence.
-func (p *Proxy) Snapshot() map[string]int64 {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	out := make(map[string]int64, len(p.sessions)+len(p.done))
-	for id, s := range p.done {
-		out[id] = s.usedBytes()
-	}
-	for id, s := range p.sessions {
-		out[id] = s.usedBytes()
-	}
-	return out
-}
-
 // Destinations returns a copy of the session's per-host counters (keyed by
 // normalized host; nil for unknown ids). Bytes here are attributed per
 // request or tunnel; Usage is the authoritative total.
-func (p *Proxy) Destinations(sessionID string) map[string]Dest {
-	s := p.lookup(sessionID)
+func (p *Proxy) Destinations(key string) map[string]Dest {
+	s := p.lookup(key)
 	if s == nil {
 		return nil
 	}

@@ -55,7 +55,7 @@ type scrubHandler struct {
 }
 
 func (h scrubHandler) Handle(ctx context.Context, r slog.Record) error {
-	nr := slog.NewRecord(r.Time, r.Level, string(h.set.Redact([]byte(r.Message))), r.PC)
+	nr := slog.NewRecord(r.Time, r.Level, h.set.RedactString(r.Message), r.PC)
 	r.Attrs(func(a slog.Attr) bool {
 		nr.AddAttrs(h.scrubAttr(a))
 		return true
@@ -67,12 +67,12 @@ func (h scrubHandler) scrubAttr(a slog.Attr) slog.Attr {
 	v := a.Value.Resolve()
 	switch v.Kind() {
 	case slog.KindString:
-		return slog.String(a.Key, string(h.set.Redact([]byte(v.String()))))
+		return slog.String(a.Key, h.set.RedactString(v.String()))
 	case slog.KindAny:
 		if err, ok := v.Any().(error); ok {
-			return slog.String(a.Key, string(h.set.Redact([]byte(err.Error()))))
+			return slog.String(a.Key, h.set.RedactString(err.Error()))
 		}
-		return slog.String(a.Key, string(h.set.Redact([]byte(v.String()))))
+		return slog.String(a.Key, h.set.RedactString(v.String()))
 	case slog.KindGroup:
 		attrs := v.Group()
 		out := make([]any, 0, len(attrs))
