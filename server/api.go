@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"reflect"
+	"runtime/debug"
 	"strings"
 	"time"
 
@@ -102,7 +103,9 @@ func (s *Server) routes() *gin.Engine {
 func (s *Server) recoverer(c *gin.Context) {
 	defer func() {
 		if r := recover(); r != nil {
-			s.writeError(c, fmt.Errorf("panic: %v", r))
+			s.log.Error("panic", "requestId", requestID(c), "path", c.FullPath(), "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+			status, code, msg := statusOf(nil) // internal
+			answerError(c, status, code, msg)
 		}
 	}()
 	c.Next()

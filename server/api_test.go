@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gin-gonic/gin"
+
 	"sandboxd/runsc"
 	"sandboxd/server/config"
 	"sandboxd/server/sandbox/sandboxtest"
@@ -1102,4 +1104,22 @@ func writeTempFile(t *testing.T, name, content string) string {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// A handler that panics is answered 500 internal with the request id, and
+// the log has the panic and its stack.
+func TestAPIPanicRecovered(t *testing.T) {
+	cfg, err := config.Load(config.Overrides{DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs lockedBuffer
+	e := newAPIEnvWith(t, cfg, slog.New(slog.NewTextHandler(&logs, nil)))
+	e.s.engine.GET("/v1/boom", func(c *gin.Context) { panic("kaboom") })
+	rec := e.do("GET", "/v1/boom", e.token, nil)
+	apiError(t, rec, http.StatusInternalServerError, "internal")
+	if out := logs.String(); !strings.Contains(out, "kaboom") || !strings.Contains(out, "TestAPIPanicRecovered") ||
+		!strings.Contains(out, rec.Header().Get("X-Request-Id")) {
+		t.Fatalf("log lacks the panic, its stack or the request id:\n%s", out)
+	}
 }

@@ -80,6 +80,11 @@ func (s *Server) writeError(c *gin.Context, err error) {
 	} else if pe.Cause() != nil {
 		s.log.Warn("request failed", "requestId", requestID(c), "path", c.FullPath(), "code", code, "err", pe.Cause())
 	}
+	answerError(c, status, code, msg)
+}
+
+// answerError writes the contract's error body.
+func answerError(c *gin.Context, status int, code, msg string) {
 	var body errorBody
 	body.Error.Code = code
 	body.Error.Message = msg
