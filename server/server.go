@@ -67,6 +67,8 @@ type Server struct {
 	egress   *egress.Proxy
 	// fileIO bounds a file transfer (ns; defaultFileIO, tests shorten it).
 	fileIO atomic.Int64
+	// stdLogClock is the clock of the standard library log's rate limit.
+	stdLogClock func() time.Time
 
 	// closers run in order on Close.
 	closers   []closer
@@ -176,6 +178,7 @@ func newServer(cfg *config.Config, db *store.DB, rt Runtime, img string, log *sl
 	s := &Server{cfg: cfg, db: db, rt: rt, met: newMetrics(db), log: slog.New(scrubHandler{log.Handler(), rules})}
 	s.met.reg.MustRegister(redactions{rules})
 	s.fileIO.Store(int64(defaultFileIO))
+	s.stdLogClock = time.Now
 	s.tix = newTickets()
 	s.files = workspace.New(runsc.UserUID, runsc.UserGID)
 	s.terms = procs.NewTerminals(time.Duration(cfg.Limits.TerminalIdleSeconds)*time.Second, s.log.With("component", "terminals"))

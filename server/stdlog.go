@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"log"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/time/rate"
 )
@@ -27,16 +28,17 @@ const (
 type stdLog struct {
 	s          *Server
 	lim        *rate.Limiter
+	now        func() time.Time // the limiter's clock
 	suppressed atomic.Int64
 }
 
 func newStdLog(s *Server) *stdLog {
-	return &stdLog{s: s, lim: rate.NewLimiter(stdLogRate, stdLogBurst)}
+	return &stdLog{s: s, lim: rate.NewLimiter(stdLogRate, stdLogBurst), now: s.stdLogClock}
 }
 
 // Write takes one line (log.Logger writes each message in one call).
 func (w *stdLog) Write(p []byte) (int, error) {
-	if !w.lim.Allow() {
+	if !w.lim.AllowN(w.now(), 1) {
 		w.suppressed.Add(1)
 		w.s.met.stdLogSuppressed.Inc()
 		return len(p), nil

@@ -115,14 +115,20 @@ func TestRealTerminals(t *testing.T) {
 		if !w.readUntil("42", 5*time.Second) || !strings.Contains(w.out.String(), "/dev/pts/") || !strings.Contains(w.out.String(), "30 100") {
 			t.Fatalf("%q", w.out.String())
 		}
-		w.send("trap 'echo WINCH-$(tput cols)' WINCH; sleep 3 & wait\n")
-		time.Sleep(300 * time.Millisecond)
+		// The marker is printed (not echoed: the shell computes it) once
+		// the trap is set.
+		w.send("trap 'echo WINCH-$(tput cols)' WINCH; echo TRAP-$((1+1)); sleep 3 & wait\n")
+		if !w.readUntil("TRAP-2", 5*time.Second) {
+			t.Fatalf("no trap: %q", w.out.String())
+		}
 		w.control(map[string]any{"type": "resize", "cols": 132, "rows": 40})
 		if !w.readUntil("WINCH-132", 5*time.Second) {
 			t.Fatalf("no WINCH: %q", w.out.String())
 		}
-		w.send("sleep 100\n")
-		time.Sleep(300 * time.Millisecond)
+		w.send("echo SLEEP-$((2+2)); sleep 100\n")
+		if !w.readUntil("SLEEP-4", 5*time.Second) {
+			t.Fatalf("no sleep: %q", w.out.String())
+		}
 		w.control(map[string]any{"type": "signal", "signal": "SIGINT"})
 		w.send("echo after-$((1+1))\n")
 		if !w.readUntil("after-2", 5*time.Second) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -350,4 +351,51 @@ func (d *deadRuntime) Inspect(ctx context.Context, id string) (runsc.State, erro
 		return runsc.State{ID: id, Status: runsc.StatusStopped}, nil
 	}
 	return d.Runtime.Inspect(ctx, id)
+}
+
+// A teardown that waits for the lock of a session whose provision fails
+// finds no session when it gets the lock.
+func TestTeardownWaitingForFailedProvision(t *testing.T) {
+	e := newEnv(t)
+	e.rt.CreateGate, e.rt.CreateStarted = make(chan struct{}), make(chan struct{})
+	e.rt.CreateErr = errors.New("boom")
+	z, _ := e.cfg.Sizes.Resolve("")
+	provErr := make(chan error)
+	go func() {
+		_, err := e.m.Provision(context.Background(), e.p, Spec{SessionID: "race-1", Size: z})
+		provErr <- err
+	}()
+	<-e.rt.CreateStarted
+	ses, err := e.m.Get(context.Background(), e.p.Org.ID, "race-1")
+	if err != nil || ses.Status != store.StatusProvisioning {
+		t.Fatalf("during create: %+v %v", ses, err)
+	}
+	tdErr := make(chan error)
+	go func() {
+		_, _, err := e.m.Teardown(context.Background(), e.p.Org.ID, "race-1")
+		tdErr <- err
+	}()
+	// The teardown is waiting once the lock has two users.
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		e.m.mu.Lock()
+		refs := 0
+		if l := e.m.locks[ses.ID]; l != nil {
+			refs = l.refs
+		}
+		e.m.mu.Unlock()
+		if refs == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the teardown never waited for the lock (%d users)", refs)
+		}
+		runtime.Gosched()
+	}
+	close(e.rt.CreateGate)
+	if err := <-provErr; !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Fatalf("provision: %v", err)
+	}
+	if err := <-tdErr; !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("teardown after the failed create: %v", err)
+	}
 }
