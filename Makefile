@@ -43,11 +43,14 @@ test: root-check host-packages build image
 	@# Go 1.26's coordinator can fail a duration run at its deadline with no
 	@# crasher (go.dev/issue/75804, fixed in 1.27).
 	$(GO) test -run '^$$' -fuzz FuzzScrub -fuzztime 200000x -fuzzminimizetime 5s ./streams/scrub/
-	SANDBOXD_BIN=$(BIN) $(GO) test -count=1 -timeout 40m ./...
+	@# With the race detector, which needs cgo: only the test binaries are
+	@# built with it; every shipped binary (build) stays static.
+	SANDBOXD_BIN=$(BIN) CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 40m ./...
 
+# Tests that need neither root nor gVisor (the real ones skip in -short).
 test-unit:
 	$(GO) vet ./...
-	$(GO) test -count=1 -short ./...
+	CGO_ENABLED=1 $(GO) test -race -count=1 -short ./...
 
 bench: root-check host-packages build image
 	SANDBOXD_BIN=$(BIN) $(GO) test -count=1 -run '^$$' -bench . -benchtime 20x -timeout 30m ./server/
