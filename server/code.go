@@ -13,11 +13,10 @@ import (
 	"sandboxd/server/sandbox"
 )
 
-// Code runtimes: POST /v1/sandbox/python/:sessionId and /node/:sessionId run
-// code in a context, a long-lived interpreter inside the sandbox (started by
-// the agent as the sandbox user) whose state persists between runs with the
-// same contextId. Contexts live as long as the sandbox and the server
-// process: teardown, death of the sandbox or a server restart ends them.
+// Code: POST /v1/sandbox/python/:sessionId and /node/:sessionId run code in
+// a code context of that language (package procs): a long-lived interpreter
+// inside the sandbox whose state persists between runs with the same
+// contextId. (Events name the language "runtime", as the contract does.)
 const (
 	defaultContextID = "default"
 	maxCodeBytes     = 1 << 20
@@ -45,7 +44,7 @@ type codeResponse struct {
 	Truncated  bool             `json:"truncated"`
 }
 
-// runCode returns the handler of lang's runtime route.
+// runCode returns the handler of lang's route.
 func (s *Server) runCode(lang string) gin.HandlerFunc {
 	return func(c *gin.Context) {
 		ses, ok := s.sessionFor(c)
@@ -96,7 +95,7 @@ func (s *Server) runCode(lang string) gin.HandlerFunc {
 			maxFrame := 4*s.cfg.Limits.ExecOutputBytes + interp.MaxDisplayBytes + 64<<10
 			if err := k.Start(c.Request.Context(), s.rt, ses.ContainerID, env, maxFrame); err != nil {
 				s.contexts.Drop(k)
-				s.log.Warn("start code context", "session", ses.SessionID, "runtime", lang, "err", err)
+				s.log.Warn("start code context", "session", ses.SessionID, "language", lang, "err", err)
 				s.sessions.NoteDead(ses.ID)
 				s.writeError(c, errdefs.Conflict("the %s context could not start: %s", lang, procs.AgentMessage(err)))
 				return
