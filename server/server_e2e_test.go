@@ -103,7 +103,7 @@ func assertNoLeftovers(t testing.TB, cfg *config.Config) {
 	if strings.Contains(string(mi), cfg.DataDir+"/") {
 		t.Errorf("mounts left under %s", cfg.DataDir)
 	}
-	if cgs, _ := filepath.Glob("/sys/fs/cgroup/*/" + prefix + "*"); len(cgs) > 0 {
+	if cgs := prefixedCgroups(prefix); len(cgs) > 0 {
 		t.Errorf("cgroups left: %v", cgs)
 	}
 }
@@ -684,4 +684,33 @@ func TestRealDataDirLock(t *testing.T) {
 func diskExists(cfg *config.Config, id string) bool {
 	_, err := os.Stat(filepath.Join(cfg.DataDir, "sandboxes", id, "disk.img"))
 	return err == nil
+}
+
+// prefixedCgroups finds cgroups named with prefix where sandboxes make
+// theirs: under this process's own cgroup in every hierarchy (a relative
+// cgroupsPath nests there, e.g. memory:/process_api/<id>), and at the roots.
+func prefixedCgroups(prefix string) []string {
+	dirs := map[string]bool{}
+	b, _ := os.ReadFile("/proc/self/cgroup")
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		f := strings.SplitN(line, ":", 3)
+		if len(f) != 3 {
+			continue
+		}
+		ctrls := strings.Split(f[1], ",")
+		if f[1] == "" {
+			ctrls = []string{"unified", ""} // v2: its own mount, or the root
+		}
+		for _, c := range ctrls {
+			c = strings.TrimPrefix(c, "name=")
+			dirs[filepath.Join("/sys/fs/cgroup", c, f[2])] = true
+			dirs[filepath.Join("/sys/fs/cgroup", c)] = true
+		}
+	}
+	var out []string
+	for d := range dirs {
+		m, _ := filepath.Glob(filepath.Join(d, prefix+"*"))
+		out = append(out, m...)
+	}
+	return out
 }
