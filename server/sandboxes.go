@@ -98,8 +98,7 @@ func (s *Server) provision(c *gin.Context) {
 		s.writeError(c, err)
 		return
 	}
-	auditDetail(c, "provisionMs", time.Since(start).Milliseconds())
-	s.met.provision.Observe(time.Since(start).Seconds())
+	s.startTook(c, start)
 	c.JSON(http.StatusCreated, sandboxJSON(&ses))
 }
 
@@ -192,8 +191,7 @@ func (s *Server) resume(c *gin.Context) {
 		s.writeError(c, err)
 		return
 	}
-	auditDetail(c, "provisionMs", time.Since(start).Milliseconds())
-	s.met.provision.Observe(time.Since(start).Seconds())
+	s.startTook(c, start)
 	c.JSON(http.StatusOK, sandboxJSON(&ses))
 }
 
@@ -270,4 +268,11 @@ func sandboxJSON(ses *store.Session) sandboxObject {
 		Credits: creditUsage{Used: sandbox.CreditsUsed(ses, time.Now().UTC())},
 		URLs:    map[string]string{}, // a placeholder until the portal lands
 	}
+}
+
+// startTook records how long a provision or resume took to a running
+// sandbox (audit and metrics).
+func (s *Server) startTook(c *gin.Context, start time.Time) {
+	auditDetail(c, "provisionMs", time.Since(start).Milliseconds())
+	s.met.provision.Observe(time.Since(start).Seconds())
 }
