@@ -1,8 +1,14 @@
-// Package server composes sandboxd: the Gin REST API (auth -> permission ->
-// audit -> handler), the sandbox lifecycle over the runsc driver, and the
-// SQLite store. It talks to the runtime through the Runtime interface it
-// declares, so handlers can be tested against a fake and the real driver is
-// tested too.
+// Package server is sandboxd's HTTP edge and composition root: the Gin
+// routes and middleware (request id -> body limit -> auth -> audit ->
+// permission -> handler), one handler file per resource, the WebSocket
+// upgrades, openapi.json, and the one map from error classes to HTTP
+// (statusOf). New wires the domain (server/sandbox), the processes
+// (server/procs), workspaces, session logs, the egress proxy, the store and
+// the runsc driver; Close stops them in a named order.
+//
+// Concurrency: handlers run concurrently; the Server's fields are set in
+// New and read-only afterwards (fileIO and stdLogClock are test knobs). All
+// session state and its locking live in the packages it wires.
 package server
 
 import (
