@@ -115,7 +115,6 @@ func (r *Runtime) Owns(id string) bool {
 
 func (r *Runtime) dir(id string) string { return filepath.Join(r.cfg.StateDir, "sandboxes", id) }
 
-
 // globalArgs are the runsc flags every invocation shares.
 func (r *Runtime) globalArgs() []string {
 	return []string{"--root", filepath.Join(r.cfg.StateDir, "runsc")}

@@ -340,4 +340,3 @@ func (r *Runtime) Collect(ctx context.Context, keep map[string]bool) []string {
 	}
 	return collected
 }
-
