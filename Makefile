@@ -38,6 +38,7 @@ run: root-check host-packages build
 	$(BIN)/sandboxd serve $(ARGS)
 
 test: root-check host-packages build image
+	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 	$(GO) vet ./...
 	@# The scrubber's fuzz target, bounded on every run. A count, not a duration:
 	@# Go 1.26's coordinator can fail a duration run at its deadline with no
