@@ -221,7 +221,7 @@ func contentDisposition(name string) string {
 	return `attachment; filename="` + fallback + `"; filename*=UTF-8''` + enc.String()
 }
 
-// isAttrChar: RFC 5987 attr-char.
+// isAttrChar reports whether b is an RFC 5987 attr-char.
 func isAttrChar(b byte) bool {
 	switch {
 	case 'a' <= b && b <= 'z', 'A' <= b && b <= 'Z', '0' <= b && b <= '9':

@@ -12,7 +12,8 @@ import (
 	"sandboxd/store"
 )
 
-// ticketTTL: a browser gets a ticket and opens its WebSocket at once.
+// ticketTTL is how long a ticket lasts: a browser gets one and opens its
+// WebSocket at once.
 const ticketTTL = 60 * time.Second
 
 // tickets are short-lived, single-use credentials for one session's

@@ -14,10 +14,11 @@ var (
 	envKeyRe    = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
 )
 
-// validSessionID: 1-128 of [A-Za-z0-9._-], starting with a letter or digit.
+// validSessionID reports whether s is a session id: 1-128 of [A-Za-z0-9._-],
+// starting with a letter or digit.
 func validSessionID(s string) bool { return sessionIDRe.MatchString(s) }
 
-// validRepo: owner/name as GitHub allows them.
+// validRepo reports whether s is owner/name as GitHub allows them.
 func validRepo(s string) bool {
 	owner, name, ok := strings.Cut(s, "/")
 	return ok && repoOwnerRe.MatchString(owner) && repoNameRe.MatchString(name) && name != "." && name != ".."
@@ -64,7 +65,7 @@ func checkEnv(field string, env map[string]string) error {
 	return nil
 }
 
-// validCwd: an absolute, clean path without NUL.
+// validCwd reports whether p is an absolute, clean path without NUL.
 func validCwd(p string) bool {
 	return strings.HasPrefix(p, "/") && len(p) <= 4096 && !strings.ContainsRune(p, 0) && path.Clean(p) == p
 }
