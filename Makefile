@@ -2,7 +2,9 @@
 # Needs root (network namespaces, mounts, cgroups); both install the host packages they
 # need (configs/host/packages.txt) when a command is missing.
 
-GO      ?= go
+# sudo's secure_path often lacks Go's directory: fall back to where Go's
+# installer puts it.
+GO      ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
 BIN     := $(CURDIR)/bin
 GOFLAGS := -trimpath
 export CGO_ENABLED := 0
