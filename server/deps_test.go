@@ -2,6 +2,8 @@ package server
 
 import (
 	"os/exec"
+	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -12,7 +14,11 @@ import (
 // HTTP framework, and reading the configuration pulls in no framework,
 // driver or database.
 func TestPackageGraph(t *testing.T) {
-	out, err := exec.Command("go", "list", "-deps=false", "-f", "{{.ImportPath}}|{{join .Imports \" \"}}|{{join .Deps \" \"}}", "sandboxd/...").CombinedOutput()
+	goBin, err := exec.LookPath("go")
+	if err != nil { // sudo's PATH: the go that built this test
+		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+	}
+	out, err := exec.Command(goBin, "list", "-deps=false", "-f", "{{.ImportPath}}|{{join .Imports \" \"}}|{{join .Deps \" \"}}", "sandboxd/...").CombinedOutput()
 	if err != nil {
 		t.Fatalf("go list: %v\n%s", err, out)
 	}
