@@ -156,10 +156,14 @@ func TestAPIExecRuntimeErrors(t *testing.T) {
 		t.Errorf("internal error leaked: %q", msg)
 	}
 
-	// The sandbox died with an OOM during the command: the session is failed.
+	// The sandbox died with an OOM during the command (the driver says so
+	// too): the session is failed.
 	e.rt.ExecFn = func(runsc.ExecRequest) (runsc.ExecResult, error) {
 		return runsc.ExecResult{ExitCode: 137, OOM: true, Died: true}, nil
 	}
+	e.rt.Mu.Lock()
+	e.rt.InspectState = runsc.State{Status: runsc.StatusStopped, OOMKills: 1}
+	e.rt.Mu.Unlock()
 	res := decodeBody[execResponse](t, e.exec(e.token, "err-1", map[string]any{"action": "exec", "command": "id"}), http.StatusOK)
 	if !res.OOM || res.ExitCode != 137 {
 		t.Errorf("exec = %+v", res)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -154,4 +155,41 @@ func TestRealResume(t *testing.T) {
 	}
 	resume(h, 200)
 	checkBack(h)
+}
+
+// A command whose sandbox a teardown ends while a resume starts the next
+// one reports on the old sandbox (killed, 137): the resumed one must live
+// on. Exec, teardown and resume race for several rounds.
+func TestRealResumeRacingExec(t *testing.T) {
+	cfg := realConfig(t)
+	h := startServer(t, cfg)
+	h.provision("rr1", "test-tiny")
+	for round := range 12 {
+		var wg sync.WaitGroup
+		for _, req := range []struct{ method, path string }{
+			{"POST", "/v1/sandbox/terminal/rr1"}, {"POST", "/v1/sandbox/rr1/teardown"}, {"POST", "/v1/sandbox/rr1/resume"},
+		} {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				var body any
+				if strings.Contains(req.path, "terminal") {
+					body = map[string]any{"action": "exec", "command": "sleep 0.2; echo hi"}
+				}
+				h.call(h.token, req.method, req.path, body)
+			}()
+		}
+		wg.Wait()
+		// Whatever the order, the session ends running or stopped, never
+		// failed, and runs again after a resume.
+		if o := h.get("rr1"); o.Status != "running" && o.Status != "stopped" {
+			t.Fatalf("round %d: %s %v", round, o.Status, o.StatusReason)
+		}
+		if code, b := h.call(h.token, "POST", "/v1/sandbox/rr1/resume", nil); code != 200 {
+			t.Fatalf("round %d: resume: %d %s", round, code, b)
+		}
+		if r := h.sh("rr1", "echo ok"); r.Stdout != "ok\n" {
+			t.Fatalf("round %d: %+v", round, r)
+		}
+	}
 }

@@ -71,7 +71,9 @@ func (m *Manager) Command(ctx context.Context, ses store.Session, a Admit) (*Com
 var errNotRunningAnyMore = errdefs.Conflict("the sandbox is not running any more")
 
 // Exec runs a command to completion in an admitted session. A sandbox that
-// died under it (OOM, exit) is marked failed.
+// died under it (OOM, exit) is marked failed once the driver confirms it:
+// the command's result speaks of the sandbox it ran in, which a teardown
+// and a resume may have replaced meanwhile.
 func (m *Manager) Exec(ctx context.Context, c *Command, req runsc.ExecRequest) (runsc.ExecResult, error) {
 	pk := c.Session.ID
 	res, err := m.rt.Exec(ctx, c.Session.ContainerID, req)
@@ -92,7 +94,7 @@ func (m *Manager) Exec(ctx context.Context, c *Command, req runsc.ExecRequest) (
 		return res, err
 	}
 	if res.OOM || res.Died {
-		m.died(pk, deathReason(res.OOM))
+		m.NoteDead(pk)
 	}
 	return res, nil
 }

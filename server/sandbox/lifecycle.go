@@ -554,7 +554,8 @@ func (m *Manager) checkAliveLocked(ctx context.Context, ses *store.Session) {
 }
 
 // NoteDead checks a session whose command failed as if its sandbox were
-// gone, and marks it failed if it is.
+// gone, and marks it failed if the driver says its current sandbox is (a
+// command may report on a sandbox a teardown and resume have replaced).
 func (m *Manager) NoteDead(pk string) {
 	unlock := m.lock(pk)
 	defer unlock()
@@ -565,16 +566,6 @@ func (m *Manager) NoteDead(pk string) {
 	}
 }
 
-// died marks a session failed whose command saw its sandbox die.
-func (m *Manager) died(pk, reason string) {
-	unlock := m.lock(pk)
-	defer unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if cur, err := m.db.GetSessionByID(ctx, pk); err == nil {
-		m.markDeadLocked(ctx, &cur, reason)
-	}
-}
 
 // Reconcile runs at start: sessions whose sandboxes still run stay usable,
 // records of dead ones are marked failed, interrupted operations are

@@ -288,14 +288,27 @@ func TestCommandSlots(t *testing.T) {
 	}
 }
 
-// A command that sees its sandbox die marks the session failed.
+// A command that sees its sandbox die marks the session failed once the
+// driver confirms it; a command that reports on a sandbox a teardown and
+// resume replaced leaves the new one alone.
 func TestExecNoticesDeath(t *testing.T) {
 	e := newEnv(t)
 	ses := e.provision("x1", 0)
-	e.rt.ExecFn = func(runsc.ExecRequest) (runsc.ExecResult, error) {
-		return runsc.ExecResult{OOM: true, ExitCode: 137}, nil
-	}
+	e.rt.ExecFn = func(runsc.ExecRequest) (runsc.ExecResult, error) { return runsc.ExecResult{OOM: true, ExitCode: 137}, nil }
+	// The sandbox the command ran in was replaced: the current one runs.
 	cmd, _ := e.m.Command(context.Background(), ses, Admit{Slot: true})
+	if _, err := e.m.Exec(context.Background(), cmd, runsc.ExecRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	cmd.End()
+	if got := e.status("x1"); got != store.StatusRunning {
+		t.Fatalf("a stale result killed the running sandbox: %s", got)
+	}
+	// The sandbox really died of OOM.
+	e.rt.Mu.Lock()
+	e.rt.InspectState = runsc.State{Status: runsc.StatusStopped, OOMKills: 1}
+	e.rt.Mu.Unlock()
+	cmd, _ = e.m.Command(context.Background(), ses, Admit{Slot: true})
 	if _, err := e.m.Exec(context.Background(), cmd, runsc.ExecRequest{}); err != nil {
 		t.Fatal(err)
 	}
