@@ -35,8 +35,9 @@ func (s *Server) terminalWS(c *gin.Context) {
 		s.writeError(c, badRequest("command: required with tty=false"))
 		return
 	}
-	// An exec stream counts as a running command.
-	cmd, err := s.sessions.Command(c.Request.Context(), *ses, sandbox.Admit{NotRunning: "terminals need a running session", Slot: !tty})
+	// An exec stream counts as a running command; an attached terminal as
+	// use (for the idle timeout) while its socket is open.
+	cmd, err := s.sessions.Command(c.Request.Context(), *ses, sandbox.Admit{NotRunning: "terminals need a running session", Slot: !tty, Use: tty})
 	if err != nil {
 		s.writeError(c, err)
 		return

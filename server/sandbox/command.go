@@ -45,6 +45,9 @@ type Admit struct {
 	// Slot takes one of the session's limits.maxExecsPerSession command
 	// slots (rate limited above it).
 	Slot bool
+	// Use counts the command as use for the idle timeout until End,
+	// without a slot (an attached terminal). A slot counts anyway.
+	Use bool
 }
 
 // Command admits a command in a session (as Get returned it) that must be
@@ -64,6 +67,8 @@ func (m *Manager) Command(ctx context.Context, ses store.Session, a Admit) (*Com
 			return nil, errdefs.RateLimited("at most %d commands run at once in a session; retry when one ends", m.lim.MaxExecsPerSession)
 		}
 		c.end = end
+	} else if a.Use {
+		c.end, _ = m.begin(ses.ID, 0)
 	}
 	return c, nil
 }

@@ -131,7 +131,13 @@ func TestIdleTimeoutTearsDown(t *testing.T) {
 	e.provision("idle1", 60)
 	busy := e.provision("busy1", 60)
 	forever := e.provision("forever", 0)
+	watched := e.provision("watched", 60)
 	e.m.sweep() // first sight of the sessions
+	// An attached terminal is use for as long as it is attached.
+	term, err := e.m.Command(context.Background(), watched, Admit{Use: true})
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	e.advance(50 * time.Second)
 	cmd, err := e.m.Command(context.Background(), busy, Admit{NotRunning: "x", Slot: true})
@@ -151,7 +157,7 @@ func TestIdleTimeoutTearsDown(t *testing.T) {
 		t.Fatal("the monitor waited for a locked session")
 	}
 	unlock()
-	for id, want := range map[string]string{"idle1": "stopped", "busy1": "running", "forever": "running"} {
+	for id, want := range map[string]string{"idle1": "stopped", "busy1": "running", "forever": "running", "watched": "running"} {
 		if got := e.status(id); got != want {
 			t.Errorf("%s: status %s, want %s", id, got, want)
 		}
@@ -160,6 +166,15 @@ func TestIdleTimeoutTearsDown(t *testing.T) {
 	e.m.sweep()
 	if got := e.status("forever"); got != "running" {
 		t.Errorf("no idle timeout: status %s", got)
+	}
+	if got := e.status("watched"); got != "running" {
+		t.Errorf("attached terminal: status %s", got)
+	}
+	term.End() // detached: idle from now
+	e.advance(61 * time.Second)
+	e.m.sweep()
+	if got := e.status("watched"); got != "stopped" {
+		t.Errorf("detached terminal past the timeout: status %s", got)
 	}
 }
 
