@@ -622,8 +622,27 @@ for i in range(3000): open('%04d' % i + '<' * 240, 'w').close()"`)
 		if resp.StatusCode != 507 || errCode(b) != "insufficient_storage" {
 			t.Fatalf("put on a full disk: %d %s", resp.StatusCode, b)
 		}
+		img := filepath.Join(cfg.DataDir, "sandboxes", h.s.rt.ContainerID(orgOf(t, h), "f1"), "disk.img")
+		allocated := func() int64 {
+			unix.Sync()
+			var st unix.Stat_t
+			if err := unix.Stat(img, &st); err != nil {
+				t.Fatal(err)
+			}
+			return st.Blocks * 512
+		}
+		full := allocated()
 		if resp, b := fc.del("f1", "/workspace/fill"); resp.StatusCode != 204 {
 			t.Fatalf("delete fill: %d %s", resp.StatusCode, b)
+		}
+		// The space comes back to the host too (the disk is mounted with
+		// discard, so ext4's freed blocks are punched out of disk.img).
+		freed := false
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline) && !freed; time.Sleep(100 * time.Millisecond) {
+			freed = allocated() < full-100<<20
+		}
+		if !freed {
+			t.Errorf("disk.img still allocates %d MiB of %d after the delete", allocated()>>20, full>>20)
 		}
 		if resp, b := fc.put("f1", "/workspace/more.bin", make([]byte, 2<<20)); resp.StatusCode != 201 {
 			t.Fatalf("put after freeing: %d %s", resp.StatusCode, b)
