@@ -114,8 +114,13 @@ func buildImage(args []string) error {
 }
 
 func orgCreate(args []string) error {
+	const use = "usage: sandboxd org create NAME [--data-dir DIR] [--config FILE]"
+	if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "-help") {
+		fmt.Println(use + "\n  creates an organization with an owner and prints the owner's token once")
+		return nil
+	}
 	if len(args) < 1 || args[0] == "" || args[0][0] == '-' {
-		return errors.New("usage: sandboxd org create NAME [--data-dir DIR]")
+		return errors.New(use)
 	}
 	name := args[0]
 	fs := flag.NewFlagSet("org create", flag.ExitOnError)
