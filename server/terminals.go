@@ -27,7 +27,15 @@ func (s *Server) terminalWS(c *gin.Context) {
 		return
 	}
 	q := c.Request.URL.Query()
-	tty := q.Get("tty") != "false"
+	tty := true
+	switch q.Get("tty") {
+	case "", "true":
+	case "false":
+		tty = false
+	default:
+		s.writeError(c, badRequest("tty: must be true or false"))
+		return
+	}
 	cols, rows := parseSize(q.Get("cols"), 120), parseSize(q.Get("rows"), 40)
 	termID := q.Get("terminalId")
 	command := q.Get("command")
