@@ -40,6 +40,7 @@ func (s *Server) logsWS(c *gin.Context) {
 	defer s.met.wsConns.Dec()
 	w := streams.NewWSConn(conn, 4096)
 	go w.Run()
+	go s.guard(w, principal(c), PermProjectRead)
 	go func() { // the one reader: pongs and close
 		defer w.Close()
 		for {

@@ -75,6 +75,9 @@ type Server struct {
 	fileIO atomic.Int64
 	// stdLogClock is the clock of the standard library log's rate limit.
 	stdLogClock func() time.Time
+	// wsGuard is how often an open WebSocket's access is checked (ns;
+	// guardEvery, tests shorten it).
+	wsGuard atomic.Int64
 
 	// closers run in order on Close.
 	closers   []closer
@@ -185,6 +188,7 @@ func newServer(cfg *config.Config, db *store.DB, rt Runtime, img string, log *sl
 	s.met.reg.MustRegister(redactions{rules})
 	s.fileIO.Store(int64(defaultFileIO))
 	s.stdLogClock = time.Now
+	s.wsGuard.Store(int64(guardEvery))
 	s.tix = newTickets()
 	s.files = workspace.New(runsc.UserUID, runsc.UserGID)
 	s.terms = procs.NewTerminals(time.Duration(cfg.Limits.TerminalIdleSeconds)*time.Second, s.log.With("component", "terminals"))

@@ -71,6 +71,7 @@ func (s *Server) terminalWS(c *gin.Context) {
 	defer s.met.wsConns.Dec()
 	w := streams.NewWSConn(conn, wsReadLimit)
 	go w.Run()
+	go s.guard(w, principal(c), PermProjectUpdate)
 	var proc runsc.Process
 	if term == nil {
 		args := []string{"/bin/bash", "-l"}

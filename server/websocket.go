@@ -1,15 +1,19 @@
 package server
 
 import (
+	"context"
+	"errors"
 	"net/http"
 	"net/url"
 	"strings"
+	"time"
 
 	"github.com/gin-gonic/gin"
 	"github.com/gorilla/websocket"
 
 	"sandboxd/server/errdefs"
 	"sandboxd/store"
+	"sandboxd/streams"
 )
 
 const (
@@ -76,4 +80,36 @@ func (s *Server) wsSession(c *gin.Context) (*store.Session, bool) {
 		return nil, false
 	}
 	return ses, true
+}
+
+// guardEvery is how often an open WebSocket's access is checked again.
+const guardEvery = 10 * time.Second
+
+// guard ends a WebSocket when its principal loses the right to keep it
+// open: the token was revoked, the user left the organization, or the role
+// no longer grants perm. A socket outlives the request that authenticated
+// it, so access is checked again every s.wsGuard while it is open. It
+// returns when the socket ends; the handler that upgraded starts it.
+func (s *Server) guard(w *streams.WSConn, p store.Principal, perm string) {
+	t := time.NewTicker(time.Duration(s.wsGuard.Load()))
+	defer t.Stop()
+	for {
+		select {
+		case <-w.Done():
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		role, err := s.db.TokenRole(ctx, p.TokenID)
+		cancel()
+		if err != nil && !errors.Is(err, store.ErrNotFound) {
+			s.log.Warn("websocket access check", "err", err)
+			continue // the store's trouble is no reason to cut a user off
+		}
+		if err != nil || !Can(role, perm) {
+			w.SendJSON(map[string]any{"type": "error", "code": "forbidden", "message": "access revoked: the token was revoked or the role changed"})
+			w.CloseWith(streams.ClosePolicy, "access revoked")
+			return
+		}
+	}
 }

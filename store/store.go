@@ -416,6 +416,21 @@ func (db *DB) Authenticate(ctx context.Context, token string) (Principal, error)
 	return p, nil
 }
 
+// TokenRole returns the role a token's user has now in the token's
+// organization. ErrNotFound: the token was revoked or its user is no
+// longer a member.
+func (db *DB) TokenRole(ctx context.Context, tokenID string) (string, error) {
+	var role string
+	err := db.r.QueryRowContext(ctx, `
+		SELECT m.role FROM tokens t
+		JOIN memberships m ON m.org_id = t.org_id AND m.user_id = t.user_id
+		WHERE t.id = ? AND t.revoked_at IS NULL`, tokenID).Scan(&role)
+	if err != nil {
+		return "", fmt.Errorf("store: token role: %w", notFound(err))
+	}
+	return role, nil
+}
+
 // CreateToken creates a token for a member of the org. It returns ErrNotFound
 // if userID is not a member of orgID. The secret is returned only here.
 func (db *DB) CreateToken(ctx context.Context, orgID, userID, name string) (Token, string, error) {

@@ -86,8 +86,14 @@ func TestBootstrapAndAuth(t *testing.T) {
 	if _, err := db.Authenticate(ctx, sec2); err != nil {
 		t.Fatal(err)
 	}
+	if role, err := db.TokenRole(ctx, t2.ID); err != nil || role != RoleOwner {
+		t.Fatalf("TokenRole = %q, %v", role, err)
+	}
 	if err := db.RevokeToken(ctx, p.Org.ID, t2.ID); err != nil {
 		t.Fatal(err)
+	}
+	if _, err := db.TokenRole(ctx, t2.ID); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("TokenRole of a revoked token: %v", err)
 	}
 	if _, err := db.Authenticate(ctx, sec2); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("revoked token: %v", err)
