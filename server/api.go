@@ -142,6 +142,11 @@ func (s *Server) authenticate(c *gin.Context) {
 		if t := wsToken(c.Request); t != "" {
 			scheme, token, ok = "Bearer", t, true
 		} else if tk := c.Query("ticket"); tk != "" {
+			// A page of a foreign origin must not use the ticket up.
+			if !s.originAllowed(c.Request) {
+				s.writeError(c, errdefs.Forbidden("cross-origin WebSocket refused"))
+				return
+			}
 			if t, valid := s.tix.redeem(tk, time.Now()); valid && t.sessionID == c.Param("sessionId") {
 				c.Set(ctxPrincipal, t.p)
 				c.Next()

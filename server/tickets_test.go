@@ -27,3 +27,29 @@ func TestTicketOnlyForWebSockets(t *testing.T) {
 		t.Fatalf("session gone: %d", rec.Code)
 	}
 }
+
+// A ticket offered from a foreign Origin is refused without being used up:
+// the page it came from cannot spend the user's ticket.
+func TestTicketNotSpentCrossOrigin(t *testing.T) {
+	e := newAPIEnv(t)
+	e.provision(e.token, map[string]any{"sessionId": "t2"})
+	var tk struct{ Ticket string }
+	json.Unmarshal(e.do("POST", "/v1/sandbox/t2/tickets", e.token, nil).Body.Bytes(), &tk)
+	upgrade := func(origin string) reqOpt {
+		return func(r *http.Request) {
+			r.Header.Set("Connection", "Upgrade")
+			r.Header.Set("Upgrade", "websocket")
+			r.Header.Set("Sec-WebSocket-Version", "13")
+			r.Header.Set("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ==")
+			if origin != "" {
+				r.Header.Set("Origin", origin)
+			}
+		}
+	}
+	apiError(t, e.do("GET", "/v1/sandbox/t2/logs/ws?ticket="+tk.Ticket, "", nil, upgrade("https://evil.example")), http.StatusForbidden, "forbidden")
+	// Still valid for the server's own page (the recorder cannot upgrade:
+	// anything but 401 shows the ticket authenticated).
+	if rec := e.do("GET", "/v1/sandbox/t2/logs/ws?ticket="+tk.Ticket, "", nil, upgrade("")); rec.Code == http.StatusUnauthorized {
+		t.Fatalf("the ticket was used up by the refused attempt: %d %s", rec.Code, rec.Body)
+	}
+}
