@@ -566,7 +566,6 @@ func (m *Manager) NoteDead(pk string) {
 	}
 }
 
-
 // Reconcile runs at start: sessions whose sandboxes still run stay usable,
 // records of dead ones are marked failed, interrupted operations are
 // finished, and leftovers of this server's prefix are collected. What it

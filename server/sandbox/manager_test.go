@@ -309,7 +309,9 @@ func TestCommandSlots(t *testing.T) {
 func TestExecNoticesDeath(t *testing.T) {
 	e := newEnv(t)
 	ses := e.provision("x1", 0)
-	e.rt.ExecFn = func(runsc.ExecRequest) (runsc.ExecResult, error) { return runsc.ExecResult{OOM: true, ExitCode: 137}, nil }
+	e.rt.ExecFn = func(runsc.ExecRequest) (runsc.ExecResult, error) {
+		return runsc.ExecResult{OOM: true, ExitCode: 137}, nil
+	}
 	// The sandbox the command ran in was replaced: the current one runs.
 	cmd, _ := e.m.Command(context.Background(), ses, Admit{Slot: true})
 	if _, err := e.m.Exec(context.Background(), cmd, runsc.ExecRequest{}); err != nil {
