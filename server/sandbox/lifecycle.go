@@ -234,6 +234,7 @@ func (m *Manager) Provision(ctx context.Context, p store.Principal, spec Spec) (
 		}
 	}
 	m.scrub.forSession(ses.ID, spec.Secrets) // what startLocked uses, without reading them back
+	undo.push(func() { m.scrub.forget(ses.ID) })
 	if err := m.startLocked(ctx, ses, z, false, &undo); err != nil {
 		m.log.Error("provision failed", "session", ses.SessionID, "container", ses.ContainerID, "err", err)
 		return store.Session{}, errdefs.Unavailable("the sandbox could not be started; nothing was kept, retry with the same sessionId")
