@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -479,4 +480,10 @@ func (h *headTap) finish(died bool) {
 	}
 	orDiscard(h.w).Write(h.last)
 	h.last = nil
+}
+
+// DialPort connects to 127.0.0.1:port inside a running sandbox through its
+// agent: the portal's way in, which reaches nothing but that loopback.
+func (r *Runtime) DialPort(ctx context.Context, id string, port int) (net.Conn, error) {
+	return r.Agent(id).Dial(ctx, port)
 }

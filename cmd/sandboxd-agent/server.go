@@ -184,6 +184,8 @@ func (s *server) handle(nc *net.UnixConn) {
 		c.writeOK()
 	case agent.OpWarm:
 		s.serveWarm(c, &req)
+	case agent.OpDial:
+		serveDial(c, &req)
 	case agent.OpStats:
 		c.writeJSON(agent.FrameExit, agent.Stats{
 			Goroutines: runtime.NumGoroutine(), FDs: countFDs(), Warm: s.pool.readyCount(),

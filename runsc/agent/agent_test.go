@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -645,5 +646,57 @@ func TestNoLeaks(t *testing.T) {
 		before.Goroutines, before.FDs, fdBefore, after.Goroutines, after.FDs, fdAfter)
 	if after.Goroutines != before.Goroutines || after.FDs != before.FDs || fdAfter != fdBefore {
 		t.Errorf("leak: before %+v/%d after %+v/%d", before, fdBefore, after, fdAfter)
+	}
+}
+
+func TestDial(t *testing.T) {
+	needAgent(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	// An upstream that answers what it read, upper-cased, after the client's
+	// half-close: the reply proves both directions and the half-close.
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				b, _ := io.ReadAll(c)
+				c.Write(bytes.ToUpper(b))
+			}()
+		}
+	}()
+	port := ln.Addr().(*net.TCPAddr).Port
+	c, err := cl.Dial(ctxT(t), port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	big := bytes.Repeat([]byte("abcdefgh"), 1<<17) // 1 MiB: more than a socket buffer
+	go func() {
+		c.Write(big)
+		c.(interface{ CloseWrite() error }).CloseWrite()
+	}()
+	got, err := io.ReadAll(c)
+	if err != nil || !bytes.Equal(got, bytes.ToUpper(big)) {
+		t.Fatalf("relay: %d bytes, err %v", len(got), err)
+	}
+
+	ln2, _ := net.Listen("tcp", "127.0.0.1:0")
+	closed := ln2.Addr().(*net.TCPAddr).Port
+	ln2.Close()
+	var ae *AgentError
+	if _, err := cl.Dial(ctxT(t), closed); !errors.As(err, &ae) || ae.Message != "connection refused" {
+		t.Errorf("closed port: %v", err)
+	}
+	for _, p := range []int{0, -1, 70000} {
+		if _, err := cl.Dial(ctxT(t), p); !errors.As(err, &ae) || ae.Message != "bad port" {
+			t.Errorf("port %d: %v", p, err)
+		}
 	}
 }

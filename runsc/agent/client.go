@@ -422,3 +422,35 @@ func (b *streamBuf) Read(p []byte) (int, error) {
 	}
 	return 0, b.werr
 }
+
+// Dial connects to 127.0.0.1:port inside the sandbox through the agent. The
+// returned connection carries raw bytes; CloseWrite half-closes it. ctx
+// bounds the dial only.
+func (c *Client) Dial(ctx context.Context, port int) (net.Conn, error) {
+	conn, br, err := c.roundTrip(ctx, &Request{Op: OpDial, Port: port}, func(typ byte, _ []byte) (bool, error) {
+		if typ != FrameExit {
+			return false, fmt.Errorf("agent: unexpected frame %q", typ)
+		}
+		return true, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &dialConn{Conn: conn, r: br}, nil
+}
+
+// dialConn reads what the reply's reader buffered before the socket.
+type dialConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (d *dialConn) Read(p []byte) (int, error) { return d.r.Read(p) }
+
+// CloseWrite half-closes the connection: the sandbox side sees EOF.
+func (d *dialConn) CloseWrite() error {
+	if cw, ok := d.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return errors.New("agent: half-close not supported")
+}

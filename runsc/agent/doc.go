@@ -21,6 +21,7 @@
 //	{"op":"killall"}
 //	{"op":"ping"}
 //	{"op":"warm","env":["K=V",...],"count":2}
+//	{"op":"dial","port":8000}
 //
 // start: runs args (args[0] without a slash is looked up in the request's
 // PATH) with exactly env, in cwd (default "/"), as uid/gid (default
@@ -44,6 +45,15 @@
 // configuration keeps the pool and only waits for it to be full. Until a
 // warm op is received every start is cold: a request's own environment
 // (which may hold one-off values) never configures the pool.
+//
+// dial: connects to 127.0.0.1:port inside the sandbox (port 1-65535) and
+// answers 'x' {"exitCode":0}; from then on the connection carries raw bytes
+// in both directions, with no frames, until either side closes. A half-close
+// is passed on (the agent shuts down the TCP connection's write side when
+// the client shuts down its write side, and the other way round). A failed
+// dial answers 'E' ("connection refused", "port unreachable", "bad port").
+// This is the portal's only way in: it reaches the sandbox's loopback and
+// nothing else, and gives the sandbox no new way out.
 //
 // stats (debug): answers 'x' {"exitCode":0,"goroutines":N,"fds":N,"warm":N}.
 //

@@ -27,6 +27,7 @@ const (
 	OpPing    = "ping"
 	OpWarm    = "warm"
 	OpStats   = "stats"
+	OpDial    = "dial"
 )
 
 // Frame types.
@@ -57,6 +58,7 @@ type Request struct {
 	Rows  uint16   `json:"rows,omitempty"`
 	Stdin bool     `json:"stdin,omitempty"`
 	Count *int     `json:"count,omitempty"` // warm
+	Port  int      `json:"port,omitempty"`  // dial
 }
 
 // Started is the payload of a 'p' frame.
