@@ -88,6 +88,14 @@ func (s *Server) routes() *gin.Engine {
 	op("GET", "/sandbox/:sessionId/artifacts", "sandbox.artifacts_list", PermProjectRead, s.listArtifacts)
 	op("GET", "/sandbox/:sessionId/artifacts/*path", "sandbox.artifact_get", PermProjectRead, s.getArtifact)
 
+	// The portal: an API client's bearer token, or a browser's ticket that
+	// is sent on to the session's portal origin. Each open is audited
+	// (auditProxyOpen), not each request.
+	// (CONNECT and TRACE are not proxied.)
+	for _, m := range []string{"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"} {
+		e.Handle(m, proxyRoute, s.portalRedirect, s.authenticate, s.require(PermProjectUpdate), s.proxyAPI)
+	}
+
 	op("GET", "/me", "me.get", "", s.me)
 	op("POST", "/tokens", "token.create", "", s.createToken)
 	op("GET", "/tokens", "token.list", "", s.listTokens)

@@ -45,6 +45,7 @@ var classes = []struct {
 	{errdefs.ErrRateLimited, http.StatusTooManyRequests, "rate_limited"},
 	{errdefs.ErrNoSpace, http.StatusInsufficientStorage, "insufficient_storage"},
 	{errdefs.ErrUnavailable, http.StatusServiceUnavailable, "unavailable"},
+	{errdefs.ErrBadGateway, http.StatusBadGateway, "bad_gateway"},
 }
 
 // Errors of the edge itself.

@@ -99,7 +99,7 @@ func (s *Server) provision(c *gin.Context) {
 		return
 	}
 	s.startTook(c, start)
-	c.JSON(http.StatusCreated, sandboxJSON(&ses))
+	c.JSON(http.StatusCreated, s.sandboxJSON(c.Request, &ses))
 }
 
 // sessionFor loads the caller's session by its id: unknown ids and other
@@ -141,7 +141,7 @@ func (s *Server) listSandboxes(c *gin.Context) {
 	}
 	out := make([]sandboxObject, 0, len(list))
 	for i := range list {
-		out = append(out, sandboxJSON(&list[i]))
+		out = append(out, s.sandboxJSON(c.Request, &list[i]))
 	}
 	c.JSON(http.StatusOK, gin.H{"sandboxes": out})
 }
@@ -151,7 +151,7 @@ func (s *Server) getSandbox(c *gin.Context) {
 	if !ok {
 		return
 	}
-	c.JSON(http.StatusOK, sandboxJSON(ses))
+	c.JSON(http.StatusOK, s.sandboxJSON(c.Request, ses))
 }
 
 func (s *Server) teardown(c *gin.Context) {
@@ -165,7 +165,7 @@ func (s *Server) teardown(c *gin.Context) {
 		return
 	}
 	auditDetail(c, "workspaceBytes", res.WorkspaceBytes)
-	obj := sandboxJSON(&ses)
+	obj := s.sandboxJSON(c.Request, &ses)
 	// gitPushed and gitError are placeholders of the contract until git
 	// pairing lands.
 	obj.Teardown = &teardownResult{WorkspaceBytes: res.WorkspaceBytes}
@@ -192,7 +192,7 @@ func (s *Server) resume(c *gin.Context) {
 		return
 	}
 	s.startTook(c, start)
-	c.JSON(http.StatusOK, sandboxJSON(&ses))
+	c.JSON(http.StatusOK, s.sandboxJSON(c.Request, &ses))
 }
 
 func (s *Server) deleteSandbox(c *gin.Context) {
@@ -251,7 +251,7 @@ func strPtr(s string) *string {
 	return &s
 }
 
-func sandboxJSON(ses *store.Session) sandboxObject {
+func (s *Server) sandboxJSON(r *http.Request, ses *store.Session) sandboxObject {
 	names := ses.SecretNames
 	if names == nil {
 		names = []string{}
@@ -266,7 +266,7 @@ func sandboxJSON(ses *store.Session) sandboxObject {
 		CreatedAt:   ses.CreatedAt, StartedAt: ses.StartedAt, StoppedAt: ses.StoppedAt,
 		Egress:  egressUsage{BytesUsed: ses.EgressBytesUsed, BytesLimit: ses.EgressBytesLimit},
 		Credits: creditUsage{Used: sandbox.CreditsUsed(ses, time.Now().UTC())},
-		URLs:    map[string]string{}, // a placeholder until the portal lands
+		URLs:    s.sandboxURLs(r, ses),
 	}
 }
 

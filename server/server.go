@@ -35,6 +35,7 @@ import (
 	"sandboxd/runsc/agent"
 	"sandboxd/runsc/image"
 	"sandboxd/server/config"
+	"sandboxd/server/portal"
 	"sandboxd/server/procs"
 	"sandboxd/server/sandbox"
 	"sandboxd/server/sessionlog"
@@ -50,6 +51,7 @@ type Runtime interface {
 	sandbox.Runtime
 	procs.Starter
 	StartDirect(ctx context.Context, id string, s agent.Spec) (runsc.Process, error)
+	portal.Dialer
 	KernelLog(id string) string
 	ReleaseIdle()
 }
@@ -71,6 +73,10 @@ type Server struct {
 	logs     *sessionlog.Logs
 	files    *workspace.Files
 	egress   *egress.Proxy
+	portal   *portal.Portal
+	keys     *portal.Keyring // signs portal cookies
+	roles    roleCache       // tokens' roles, for portal requests
+	opens    proxyOpens      // API clients' portal opens, for the audit log
 	// fileIO bounds a file transfer (ns; defaultFileIO, tests shorten it).
 	fileIO atomic.Int64
 	// stdLogClock is the clock of the standard library log's rate limit.
@@ -209,6 +215,15 @@ func newServer(cfg *config.Config, db *store.DB, rt Runtime, img string, log *sl
 		Limits: cfg.Limits, DataDir: cfg.DataDir, Image: img, Runtime: rt, Store: db, Egress: s.egress,
 		Policy: pol, Events: s.logs, Hooks: sessionHooks{s}, Rules: rules, Log: s.log,
 	})
+	if s.keys, err = portal.LoadKey(filepath.Join(cfg.DataDir, "portal.key")); err != nil {
+		return nil, err
+	}
+	s.roles.m, s.opens.last = map[string]roleEntry{}, map[string]time.Time{}
+	s.portal = portal.New(portal.Options{
+		Dialer: rt, Starter: rt, Log: s.logs,
+		FrameAncestors: cfg.Portal.FrameAncestors,
+		ServiceIdle:    time.Duration(cfg.Portal.ServiceIdleSeconds) * time.Second,
+	})
 	s.engine = s.routes()
 	// Close in this order: no new lifecycle work, then what runs in
 	// sessions, then the proxy (ending every tunnel, so bytes in flight
@@ -216,6 +231,7 @@ func newServer(cfg *config.Config, db *store.DB, rt Runtime, img string, log *sl
 	// its writers: audit, events, usage).
 	s.onClose("monitor", func() error { s.sessions.Close(); return nil })
 	s.onClose("terminals", func() error { s.terms.Close(); return nil })
+	s.onClose("portal", func() error { s.portal.Close(); return nil })
 	s.onClose("code contexts", func() error { s.contexts.CloseSession(""); return nil })
 	s.onClose("session logs", func() error { s.logs.Close(); return nil })
 	s.onClose("egress proxy", func() error { s.egress.Shutdown(); return nil })
@@ -235,6 +251,7 @@ func (h sessionHooks) Started(ses *store.Session) {
 func (h sessionHooks) Stopped(pk string) {
 	h.s.terms.CloseSession(pk)
 	h.s.contexts.CloseSession(pk)
+	h.s.portal.StopSession(pk)
 	h.s.logs.StopTail(pk)
 }
 
@@ -262,8 +279,17 @@ func bootstrap(ctx context.Context, db *store.DB, dataDir string, out io.Writer)
 	return nil
 }
 
-// Handler is the HTTP handler of the API.
-func (s *Server) Handler() http.Handler { return s.engine }
+// Handler is the HTTP handler of the API and of the sessions' portal
+// origins, told apart by the Host header.
+func (s *Server) Handler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if key, ok := s.portalHost(r.Host); ok {
+			s.servePortal(w, r, key)
+			return
+		}
+		s.engine.ServeHTTP(w, r)
+	})
+}
 
 // Start reconciles the store with the running sandboxes and starts the
 // background monitor.

@@ -47,6 +47,18 @@ func (t *tickets) issue(p store.Principal, sessionID string, now time.Time) (str
 	return id, exp
 }
 
+// peek reads a ticket without using it up (to send a browser on to the
+// portal origin, where it is redeemed).
+func (t *tickets) peek(id string, now time.Time) (ticket, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	tk, ok := t.m[id]
+	if !ok || now.After(tk.expires) {
+		return ticket{}, false
+	}
+	return tk, true
+}
+
 // redeem consumes a ticket: it works once, before it expires.
 func (t *tickets) redeem(id string, now time.Time) (ticket, bool) {
 	t.mu.Lock()

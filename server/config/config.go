@@ -45,6 +45,7 @@ type Config struct {
 		AutoBuild bool   `yaml:"autoBuild"`
 	} `yaml:"image"`
 	Limits Limits `yaml:"limits"`
+	Portal Portal `yaml:"portal"`
 
 	EgressOptions struct {
 		// Allowlist file (configs/egress.yaml's format); empty means the
@@ -87,6 +88,16 @@ type Limits struct {
 	TerminalIdleSeconds  int   `yaml:"terminalIdleSeconds"`
 	MaxAPIConns          int   `yaml:"maxAPIConns"`
 	APIIdleSeconds       int   `yaml:"apiIdleSeconds"`
+}
+
+// Portal is where browsers reach sandboxes (configs/sandboxd.yaml
+// documents each).
+type Portal struct {
+	Domain             string   `yaml:"domain"`
+	Scheme             string   `yaml:"scheme"`
+	Port               int      `yaml:"port"`
+	FrameAncestors     []string `yaml:"frameAncestors"`
+	ServiceIdleSeconds int      `yaml:"serviceIdleSeconds"`
 }
 
 // Overrides are values from flags and environment; empty means "not set".
@@ -201,6 +212,7 @@ func (c *Config) validate() error {
 			errs = append(errs, fmt.Errorf("trustedProxies: %q is not an IP or CIDR", p))
 		}
 	}
+	errs = append(errs, c.Portal.validate()...)
 	l := c.Limits
 	if l.MaxBodyBytes < 1024 || l.ExecOutputBytes < 1024 || l.ExecDefaultTimeoutMs < 1 ||
 		l.ExecMaxTimeoutMs < l.ExecDefaultTimeoutMs || l.MaxSandboxes < 1 || l.MaxSandboxesPerOrg < 1 ||
@@ -209,6 +221,33 @@ func (c *Config) validate() error {
 		errs = append(errs, errors.New("limits: out of range"))
 	}
 	return errors.Join(errs...)
+}
+
+var (
+	domainRe = regexp.MustCompile(`^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+	originRe = regexp.MustCompile(`^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?$`)
+)
+
+func (p *Portal) validate() []error {
+	var errs []error
+	if len(p.Domain) > 200 || !domainRe.MatchString(p.Domain) {
+		errs = append(errs, errors.New("portal.domain: must be a lower-case DNS name such as localhost or sbx.example.com"))
+	}
+	if p.Scheme != "http" && p.Scheme != "https" {
+		errs = append(errs, errors.New("portal.scheme: must be http or https"))
+	}
+	if p.Port < 0 || p.Port > 65535 {
+		errs = append(errs, errors.New("portal.port: must be 0 (the API's port) to 65535"))
+	}
+	for _, o := range p.FrameAncestors {
+		if !originRe.MatchString(o) {
+			errs = append(errs, fmt.Errorf("portal.frameAncestors: %q is not an origin like https://app.example", o))
+		}
+	}
+	if p.ServiceIdleSeconds < 0 {
+		errs = append(errs, errors.New("portal.serviceIdleSeconds: must be 0 (never) or more"))
+	}
+	return errs
 }
 
 // ImageRecipe is the default image's recipe from configs/image.

@@ -26,6 +26,7 @@ var (
 	ErrRateLimited     = errors.New("rate limited")         // too many at once (429)
 	ErrNoSpace         = errors.New("insufficient storage") // a sandbox's disk is full (507)
 	ErrUnavailable     = errors.New("unavailable")          // capacity, shutdown, a failed start (503)
+	ErrBadGateway      = errors.New("bad gateway")          // nothing answered inside the sandbox (502)
 )
 
 // Error is an error a client may see.

@@ -126,6 +126,8 @@ func CommandEnv(sessionEnv, secrets, reqEnv map[string]string) []string {
 	env := map[string]string{
 		"PATH": runsc.BasePath, "HOME": runsc.UserHome, "USER": "user", "LOGNAME": "user",
 		"SHELL": "/bin/bash", "LANG": "C.UTF-8", "TERM": "dumb",
+		// The session's virtual display (the portal's /display/).
+		"DISPLAY": ":99",
 	}
 	// The only way out is the session's egress proxy (see runsc/netns.go).
 	for k, v := range runsc.ProxyEnv() {

@@ -27,7 +27,7 @@ func envMap(t *testing.T, env []string) map[string]string {
 func TestCommandEnv(t *testing.T) {
 	def := CommandEnv(nil, nil, nil)
 	want := []string{
-		"HOME=/home/user", "HTTPS_PROXY=" + runsc.ProxyURL, "HTTP_PROXY=" + runsc.ProxyURL,
+		"DISPLAY=:99", "HOME=/home/user", "HTTPS_PROXY=" + runsc.ProxyURL, "HTTP_PROXY=" + runsc.ProxyURL,
 		"LANG=C.UTF-8", "LOGNAME=user", "NO_PROXY=localhost,127.0.0.1,::1", "PATH=" + runsc.BasePath,
 		"SHELL=/bin/bash", "TERM=dumb", "USER=user",
 		"http_proxy=" + runsc.ProxyURL, "https_proxy=" + runsc.ProxyURL, "no_proxy=localhost,127.0.0.1,::1",
@@ -48,7 +48,7 @@ func TestCommandEnv(t *testing.T) {
 	m := envMap(t, env)
 	wantM := map[string]string{
 		"A": "session", "B": "secret", "C": "request", "D": "request", "TOKEN": "s3cr3t-value",
-		"TERM": "xterm", "LANG": "request",
+		"TERM": "xterm", "LANG": "request", "DISPLAY": ":99",
 		"HOME": "/home/user", "USER": "user", "LOGNAME": "user", "SHELL": "/bin/bash", "PATH": runsc.BasePath,
 	}
 	for k, v := range runsc.ProxyEnv() {

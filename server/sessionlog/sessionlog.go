@@ -147,6 +147,13 @@ func (l *Logs) Event(pk, kind string, fields map[string]any) {
 	l.add(pk, e)
 }
 
+// Service records a line a portal service (editor, notebook, ...) printed.
+// Lines are scrubbed and kept in the ring, not persisted: a service's
+// chatter would push the session's events out of the store.
+func (l *Logs) Service(pk, name, line string) {
+	l.add(pk, Entry{"type": "service", "time": l.now().UTC().Format(time.RFC3339Nano), "service": name, "line": line})
+}
+
 // Add records an entry as it is (tests and the kernel-log tailer).
 func (l *Logs) add(pk string, e Entry) {
 	b, err := json.Marshal(e)

@@ -37,6 +37,8 @@ type Runtime struct {
 	// CreateGate, if set, makes Create signal CreateStarted and wait for it.
 	CreateGate    chan struct{}
 	CreateStarted chan struct{}
+	// DialFn, if set, serves DialPort; by default nothing listens.
+	DialFn func(ctx context.Context, id string, port int) (net.Conn, error)
 }
 
 // ContainerID hashes org and session like the real driver.
@@ -146,6 +148,15 @@ func (f *Runtime) Start(ctx context.Context, id string, s agent.Spec) (runsc.Pro
 }
 
 // CallsWith lists the calls starting with prefix.
+// DialPort connects to a port in a sandbox (DialFn).
+func (f *Runtime) DialPort(ctx context.Context, id string, port int) (net.Conn, error) {
+	f.Record(fmt.Sprintf("dial %s %d", id, port))
+	if f.DialFn != nil {
+		return f.DialFn(ctx, id, port)
+	}
+	return nil, errors.New("connection refused")
+}
+
 func (f *Runtime) CallsWith(prefix string) []string {
 	f.Mu.Lock()
 	defer f.Mu.Unlock()

@@ -1,0 +1,212 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"sandboxd/server/errdefs"
+	"sandboxd/server/portal"
+	"sandboxd/store"
+)
+
+// A session's portal origin, for browsers: the ticket login, the cookie
+// check, the index page and the proxy. Nothing of the API is served here,
+// and the cookie is accepted nowhere else.
+
+// tokenCheckTTL is how long a token's role is trusted before the store is
+// asked again (a portal page loads hundreds of assets).
+const tokenCheckTTL = 5 * time.Second
+
+type roleCache struct {
+	mu sync.Mutex
+	m  map[string]roleEntry
+}
+
+type roleEntry struct {
+	role string
+	err  error
+	at   time.Time
+}
+
+func (s *Server) tokenRole(ctx context.Context, tokenID string) (string, error) {
+	now := time.Now()
+	s.roles.mu.Lock()
+	e, ok := s.roles.m[tokenID]
+	s.roles.mu.Unlock()
+	if ok && now.Sub(e.at) < tokenCheckTTL {
+		return e.role, e.err
+	}
+	role, err := s.db.TokenRole(ctx, tokenID)
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		return "", err // not cached: the store's trouble passes
+	}
+	s.roles.mu.Lock()
+	if len(s.roles.m) > 10000 {
+		clear(s.roles.m)
+	}
+	s.roles.m[tokenID] = roleEntry{role, err, now}
+	s.roles.mu.Unlock()
+	return role, err
+}
+
+// servePortal serves every request addressed to a portal origin.
+func (s *Server) servePortal(w http.ResponseWriter, r *http.Request, key string) {
+	rid := newRequestID()
+	w.Header().Set("X-Request-Id", rid)
+	s.met.requests.WithLabelValues("portal", "").Inc()
+	origin := s.cfg.Portal.Scheme + "://" + r.Host
+	if r.URL.Path == loginPath {
+		s.portalLogin(w, r, key, rid)
+		return
+	}
+	fail := func(err error) { s.portalError(w, r, rid, err) }
+	var g portal.Grant
+	var p store.Principal
+	found := false
+	for _, cand := range s.keys.Grants(r, key, time.Now()) {
+		role, err := s.tokenRole(r.Context(), cand.Token)
+		if err != nil && !errors.Is(err, store.ErrNotFound) {
+			fail(err)
+			return
+		}
+		if err == nil && Can(role, PermProjectUpdate) {
+			g, found = cand, true
+			p = store.Principal{Org: store.Org{ID: cand.Org}, User: store.User{ID: cand.User}, TokenID: cand.Token, Role: role}
+			break
+		}
+	}
+	if !found {
+		fail(errPortalSignedOut)
+		return
+	}
+	if why := portal.CrossOrigin(r, origin); why != "" {
+		fail(errCrossOrigin)
+		return
+	}
+	ses, err := s.sessions.Get(r.Context(), g.Org, g.Session)
+	if err != nil {
+		fail(err)
+		return
+	}
+	if r.URL.Path == "/" {
+		s.portalIndex(w, &ses)
+		return
+	}
+	t, err := portal.Parse(r.URL.EscapedPath())
+	if err != nil {
+		fail(errdefs.NotFound("%s", err.Error()))
+		return
+	}
+	wait := serviceWaitAPI
+	if r.Header.Get("Sec-Fetch-Mode") == "navigate" || strings.Contains(r.Header.Get("Accept"), "text/html") {
+		wait = serviceWaitPage
+	}
+	s.proxy(w, r, p, &ses, portal.Call{Target: t, Origin: origin, Wait: wait}, fail)
+}
+
+// portalLogin turns a single-use ticket into the portal cookie, host-only
+// on this session's portal origin, and sends the browser on.
+func (s *Server) portalLogin(w http.ResponseWriter, r *http.Request, key, rid string) {
+	w.Header().Set("Referrer-Policy", "no-referrer")
+	w.Header().Set("Cache-Control", "no-store")
+	fail := func(err error) { s.portalError(w, r, rid, err) }
+	if r.Method != http.MethodGet {
+		fail(errdefs.New(errdefs.ErrMethod, "method not allowed on this route"))
+		return
+	}
+	q := r.URL.Query()
+	t, ok := s.tix.redeem(q.Get("ticket"), time.Now())
+	if !ok {
+		fail(errPortalTicket)
+		return
+	}
+	rec := store.AuditRecord{
+		Time: time.Now().UTC(), OrgID: t.p.Org.ID, UserID: t.p.User.ID, TokenID: t.p.TokenID,
+		Action: "portal.open", SessionID: t.sessionID, RemoteAddr: r.RemoteAddr, RequestID: rid,
+		Details: map[string]any{"via": "browser"},
+	}
+	if portal.SessionKey(t.p.Org.ID, t.sessionID) != key {
+		rec.Outcome, rec.Status = "denied", http.StatusForbidden
+		s.db.Audit(rec)
+		fail(errdefs.Forbidden("this link belongs to another sandbox"))
+		return
+	}
+	if !Can(t.p.Role, PermProjectUpdate) {
+		rec.Outcome, rec.Status = "denied", http.StatusForbidden
+		s.db.Audit(rec)
+		fail(forbidden(PermProjectUpdate))
+		return
+	}
+	next := q.Get("next")
+	if !safeNext(next) {
+		next = "/"
+	}
+	http.SetCookie(w, &http.Cookie{
+		Name: portal.CookieName,
+		Value: s.keys.Sign(portal.Grant{Org: t.p.Org.ID, Session: t.sessionID, User: t.p.User.ID,
+			Token: t.p.TokenID, Expires: time.Now().Add(portal.CookieTTL)}),
+		Path: "/", MaxAge: int(portal.CookieTTL / time.Second),
+		HttpOnly: true, SameSite: http.SameSiteLaxMode, Secure: s.cfg.Portal.Scheme == "https",
+	})
+	rec.Outcome, rec.Status = "ok", http.StatusSeeOther
+	rec.Details["next"] = next
+	s.db.Audit(rec)
+	http.Redirect(w, r, next, http.StatusSeeOther)
+}
+
+// safeNext: a path on this origin, not a way to another one.
+func safeNext(next string) bool {
+	if !strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") || strings.HasPrefix(next, "/\\") ||
+		strings.ContainsAny(next, "\r\n\t\\") || len(next) > 2048 {
+		return false
+	}
+	u, err := url.Parse(next)
+	return err == nil && u.Scheme == "" && u.Host == ""
+}
+
+// portalIndex lists the session's routes.
+func (s *Server) portalIndex(w http.ResponseWriter, ses *store.Session) {
+	pg := portal.Page{Title: "Sandbox " + ses.SessionID,
+		Message: "This sandbox is " + ses.Status + "."}
+	if ses.Status == store.StatusRunning {
+		for _, n := range portal.ServiceNames {
+			svc := portal.Services[n]
+			href := "/" + n + "/"
+			if n == "browser" {
+				href = "/browser/json/version"
+			}
+			pg.Links = append(pg.Links, portal.Link{Href: href, Text: svc.Title})
+		}
+		pg.Detail = "A server you start in the sandbox on port N is at /port/N/."
+	}
+	portal.WritePage(w, http.StatusOK, pg)
+}
+
+// portalError answers a person with a page and a program with the
+// contract's JSON error.
+func (s *Server) portalError(w http.ResponseWriter, r *http.Request, rid string, err error) {
+	err = portalErr(err)
+	status, code, msg := statusOf(err)
+	if pe, ok := errdefs.Public(err); !ok {
+		s.log.Error("portal request failed", "requestId", rid, "err", err)
+	} else if pe.Cause() != nil {
+		s.log.Warn("portal request failed", "requestId", rid, "code", code, "err", pe.Cause())
+	}
+	if r.Header.Get("Sec-Fetch-Mode") == "navigate" || strings.Contains(r.Header.Get("Accept"), "text/html") {
+		portal.WritePage(w, status, portal.Page{Title: http.StatusText(status), Message: msg, Detail: "Request id " + rid})
+		return
+	}
+	var body errorBody
+	body.Error.Code, body.Error.Message, body.Error.RequestID = code, msg, rid
+	b, _ := json.Marshal(body)
+	w.Header().Set("Content-Type", "application/json; charset=utf-8")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	w.Write(b)
+}
