@@ -36,14 +36,14 @@ type Options struct {
 
 // Portal proxies requests into sandboxes and runs their services.
 type Portal struct {
-	dialer     Dialer
-	starter    Starter
-	log        Log
-	ancestors  string
-	idle       time.Duration
-	now        func() time.Time
-	transport  *http.Transport
-	proxy      *httputil.ReverseProxy
+	dialer    Dialer
+	starter   Starter
+	log       Log
+	ancestors string
+	idle      time.Duration
+	now       func() time.Time
+	transport *http.Transport
+	proxy     *httputil.ReverseProxy
 
 	ctx    context.Context // ends every supervisor
 	cancel context.CancelFunc

@@ -7,8 +7,8 @@ import (
 
 func TestParse(t *testing.T) {
 	for in, want := range map[string]struct {
-		port       int
-		mount      string
+		port        int
+		mount       string
 		path, redir string
 	}{
 		"/port/8000/":                    {8000, "/port/8000", "/", ""},
