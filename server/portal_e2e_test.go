@@ -1,0 +1,383 @@
+package server
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/cookiejar"
+	"net/url"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gorilla/websocket"
+
+	"sandboxd/server/portal"
+	"sandboxd/store"
+)
+
+// startUpstream copies testdata/portal_upstream.py into a sandbox, makes a
+// file of size bytes for downloads, starts the server on port and waits
+// until it answers inside the sandbox. It returns the file's sha256.
+func (h *harness) startUpstream(id string, port, size int) string {
+	h.t.Helper()
+	src, err := os.ReadFile("testdata/portal_upstream.py")
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	b64 := base64.StdEncoding.EncodeToString(src)
+	r := h.sh(id, fmt.Sprintf(`echo %s | base64 -d > /workspace/up.py && head -c %d /dev/urandom > /workspace/big.bin && sha256sum /workspace/big.bin | cut -c1-64 &&
+setsid python3 /workspace/up.py %d >/tmp/up-%d.log 2>&1 < /dev/null &
+for i in $(seq 100); do curl -fs 127.0.0.1:%d/headers >/dev/null && exit 0; sleep 0.1; done; cat /tmp/up-%d.log; exit 1`, b64, size, port, port, port, port))
+	if r.ExitCode != 0 {
+		h.t.Fatalf("upstream did not start: %+v", r)
+	}
+	return strings.TrimSpace(r.Stdout)
+}
+
+// portalClient reaches any host name (the portal's *.localhost) at the test
+// server's address, keeping the Host header; it keeps cookies and does not
+// follow redirects.
+func (h *harness) portalClient() *http.Client {
+	addr := strings.TrimPrefix(h.ts.URL, "http://")
+	jar, _ := cookiejar.New(nil)
+	return &http.Client{
+		Jar: jar,
+		Transport: &http.Transport{DisableKeepAlives: true, DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, network, addr)
+		}},
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		Timeout:       2 * time.Minute,
+	}
+}
+
+func (h *harness) proxyReq(token, method, path string, body io.Reader, hdr http.Header) *http.Response {
+	h.t.Helper()
+	req, _ := http.NewRequest(method, h.ts.URL+path, body)
+	for k, v := range hdr {
+		req.Header[k] = v
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	res, err := h.portalClient().Do(req)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return res
+}
+
+func readAll(t testing.TB, res *http.Response) []byte {
+	t.Helper()
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestRealPortalPort(t *testing.T) {
+	h := startServer(t, realConfig(t))
+	const id = "portal-port"
+	sb := h.provision(id, "standard-2")
+	base := "/v1/sandbox/proxy/" + id
+	if sb.URLs["editor"] != h.ts.URL+base+"/editor/" || !strings.HasPrefix(sb.URLs["terminal"], "ws://") ||
+		!strings.HasSuffix(sb.URLs["portal"], ".localhost:"+strings.Split(h.ts.URL, ":")[2]+"/") {
+		t.Errorf("urls = %v", sb.URLs)
+	}
+	const size = 64 << 20
+	sum := h.startUpstream(id, 8000, size)
+
+	t.Run("headers", func(t *testing.T) {
+		res := h.proxyReq(h.token, "GET", base+"/port/8000/headers?q=1", nil,
+			http.Header{"Cookie": {portal.CookieName + "=stolen; app=1"}, "X-Forwarded-For": {"6.6.6.6"}})
+		b := readAll(t, res)
+		var got struct {
+			Path    string
+			Headers map[string]string
+		}
+		json.Unmarshal(b, &got)
+		if res.StatusCode != 200 || got.Path != "/headers?q=1" {
+			t.Fatalf("%d %s", res.StatusCode, b)
+		}
+		if got.Headers["Authorization"] != "" || strings.Contains(got.Headers["Cookie"], portal.CookieName) || got.Headers["Cookie"] != "app=1" {
+			t.Errorf("upstream saw credentials: %v", got.Headers)
+		}
+		if strings.Contains(got.Headers["X-Forwarded-For"], "6.6.6.6") {
+			t.Errorf("client's X-Forwarded-For passed: %v", got.Headers)
+		}
+		if res.Header.Get("Content-Security-Policy") != "sandbox" {
+			t.Errorf("API-origin answer without CSP sandbox: %v", res.Header)
+		}
+	})
+	t.Run("download and range", func(t *testing.T) {
+		res := h.proxyReq(h.token, "GET", base+"/port/8000/big", nil, nil)
+		hs := sha256.New()
+		n, err := io.Copy(hs, res.Body)
+		res.Body.Close()
+		if err != nil || n != size || hex.EncodeToString(hs.Sum(nil)) != sum {
+			t.Fatalf("download: %d bytes, err %v", n, err)
+		}
+		res = h.proxyReq(h.token, "GET", base+"/port/8000/big", nil, http.Header{"Range": {"bytes=1000-1999"}})
+		b := readAll(t, res)
+		if res.StatusCode != http.StatusPartialContent || len(b) != 1000 || res.Header.Get("Content-Range") != fmt.Sprintf("bytes 1000-1999/%d", size) {
+			t.Errorf("range: %d %d %v", res.StatusCode, len(b), res.Header)
+		}
+	})
+	t.Run("upload", func(t *testing.T) {
+		data := make([]byte, 48<<20)
+		rand.Read(data)
+		want := sha256.Sum256(data)
+		for _, chunked := range []bool{false, true} {
+			var body io.Reader = bytes.NewReader(data)
+			if chunked {
+				body = io.MultiReader(body) // unknown length: sent chunked
+			}
+			res := h.proxyReq(h.token, "POST", base+"/port/8000/upload", body, nil)
+			b := readAll(t, res)
+			var got struct {
+				Bytes  int
+				Sha256 string
+			}
+			json.Unmarshal(b, &got)
+			if got.Bytes != len(data) || got.Sha256 != hex.EncodeToString(want[:]) {
+				t.Errorf("upload (chunked %v): %d %s", chunked, res.StatusCode, b)
+			}
+		}
+	})
+	t.Run("chunked and SSE stream as they come", func(t *testing.T) {
+		res := h.proxyReq(h.token, "GET", base+"/port/8000/chunked", nil, nil)
+		if b := readAll(t, res); string(b) != "chunk-0\nchunk-1\nchunk-2\nchunk-3\nchunk-4\n" {
+			t.Errorf("chunked: %q", b)
+		}
+		t0 := time.Now()
+		res = h.proxyReq(h.token, "GET", base+"/port/8000/events", nil, nil)
+		defer res.Body.Close()
+		br := bufio.NewReader(res.Body)
+		line, err := br.ReadString('\n')
+		if err != nil || line != "data: tick 0\n" {
+			t.Fatalf("first event: %q %v", line, err)
+		}
+		if d := time.Since(t0); d > 900*time.Millisecond {
+			t.Errorf("first event after %v: buffered, not streamed", d)
+		}
+		rest, _ := io.ReadAll(br)
+		if !strings.Contains(string(rest), "data: tick 2") {
+			t.Errorf("rest: %q", rest)
+		}
+	})
+	t.Run("websocket", func(t *testing.T) {
+		u := "ws" + strings.TrimPrefix(h.ts.URL, "http") + base + "/port/8000/ws"
+		c, _, err := websocket.DefaultDialer.Dial(u, http.Header{"Authorization": {"Bearer " + h.token}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		for i := range 3 {
+			c.WriteMessage(websocket.TextMessage, []byte(fmt.Sprint("hi ", i)))
+			_, m, err := c.ReadMessage()
+			if err != nil || string(m) != fmt.Sprint("echo: hi ", i) {
+				t.Fatalf("echo: %q %v", m, err)
+			}
+		}
+	})
+	t.Run("redirects stay under the prefix", func(t *testing.T) {
+		res := h.proxyReq(h.token, "GET", base+"/port/8000/redirect", nil, nil)
+		res.Body.Close()
+		if loc := res.Header.Get("Location"); loc != base+"/port/8000/target?x=1" {
+			t.Errorf("Location = %q", loc)
+		}
+		res = h.proxyReq(h.token, "GET", base+"/port/8000", nil, nil)
+		res.Body.Close()
+		if loc := res.Header.Get("Location"); res.StatusCode != http.StatusFound || loc != base+"/port/8000/" {
+			t.Errorf("no slash: %d %q", res.StatusCode, loc)
+		}
+	})
+	t.Run("path tricks stay on the port", func(t *testing.T) {
+		h.startUpstream(id, 8001, 1)
+		for _, p := range []string{
+			"/port/8000/..%2f..%2fport%2f8001/echo/x", "/port/8000/%2e%2e/%2e%2e/port/8001/echo/x",
+			"/port/8000/../../port/8001/echo/x", "/port/8000/%252e%252e/port/8001/echo/x",
+		} {
+			req, _ := http.NewRequest("GET", h.ts.URL+base+p, nil)
+			req.URL.RawPath = "" // send as written
+			req.URL.Opaque = "//" + strings.TrimPrefix(h.ts.URL, "http://") + base + p
+			req.Header.Set("Authorization", "Bearer "+h.token)
+			res, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b := readAll(t, res)
+			var got struct{ Port int }
+			json.Unmarshal(b, &got)
+			if res.StatusCode == 200 && got.Port != 8000 {
+				t.Errorf("%s reached port %d: %s", p, got.Port, b)
+			}
+		}
+		for p, want := range map[string]int{
+			"/port/8002/":           http.StatusBadGateway,
+			"/port/99999/":          http.StatusNotFound,
+			"/port/80%2f..%2f8001/": http.StatusNotFound,
+			"/ports/8000/":          http.StatusNotFound,
+			"/../../sandbox":        http.StatusNotFound,
+		} {
+			req, _ := http.NewRequest("GET", h.ts.URL, nil)
+			req.URL.Opaque = "//" + strings.TrimPrefix(h.ts.URL, "http://") + base + p
+			req.Header.Set("Authorization", "Bearer "+h.token)
+			res, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b := readAll(t, res)
+			if res.StatusCode != want {
+				t.Errorf("%s: %d %s, want %d", p, res.StatusCode, b, want)
+			}
+		}
+	})
+	t.Run("access", func(t *testing.T) {
+		_, other, err := h.s.db.CreateOrg(context.Background(), "portal-other", "owner-o")
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, _ := h.s.db.Authenticate(context.Background(), h.token)
+		_, _, viewer, err := h.s.db.AddMember(context.Background(), p.Org.ID, "viewer-p", store.RoleViewer)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for tok, want := range map[string]int{"": 401, "nope": 401, other: 404, viewer: 403} {
+			res := h.proxyReq(tok, "GET", base+"/port/8000/headers", nil, nil)
+			b := readAll(t, res)
+			if res.StatusCode != want || bytes.Contains(b, []byte(`"headers"`)) {
+				t.Errorf("token %q: %d %s, want %d", tok, res.StatusCode, b, want)
+			}
+		}
+	})
+	t.Run("portal origin", func(t *testing.T) { portalOriginChecks(t, h, id) })
+
+	// A stopped session answers at once with a clear error.
+	if code, b := h.call(h.token, "POST", "/v1/sandbox/"+id+"/teardown", nil); code != 200 {
+		t.Fatalf("teardown: %d %s", code, b)
+	}
+	res := h.proxyReq(h.token, "GET", base+"/port/8000/headers", nil, nil)
+	if b := readAll(t, res); res.StatusCode != http.StatusConflict || !bytes.Contains(b, []byte("resume")) {
+		t.Errorf("stopped: %d %s", res.StatusCode, b)
+	}
+	h.s.db.FlushAudit(context.Background())
+	if code, b := h.call(h.token, "GET", "/v1/audit?action=portal.open", nil); code != 200 ||
+		!bytes.Contains(b, []byte(`"via":"api"`)) {
+		t.Errorf("portal.open audit records: %d %s", code, b)
+	}
+}
+
+// portalOriginChecks: the ticket, the cookie and the origin rules.
+func portalOriginChecks(t *testing.T, h *harness, id string) {
+	ticket := func(session string) string {
+		code, b := h.call(h.token, "POST", "/v1/sandbox/"+session+"/tickets", nil)
+		if code != http.StatusCreated {
+			t.Fatalf("ticket: %d %s", code, b)
+		}
+		var r struct{ Ticket string }
+		json.Unmarshal(b, &r)
+		return r.Ticket
+	}
+	cl := h.portalClient()
+	get := func(u string, hdr http.Header) (*http.Response, []byte) {
+		req, _ := http.NewRequest("GET", u, nil)
+		for k, v := range hdr {
+			req.Header[k] = v
+		}
+		res, err := cl.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res, readAll(t, res)
+	}
+	tk := ticket(id)
+	// The API route sends a browser with a ticket to the portal origin.
+	res, _ := get(h.ts.URL+"/v1/sandbox/proxy/"+id+"/port/8000/headers?ticket="+tk+"&a=b", nil)
+	loc, _ := url.Parse(res.Header.Get("Location"))
+	if res.StatusCode != http.StatusSeeOther || loc == nil || !strings.HasSuffix(loc.Hostname(), ".localhost") || loc.Path != loginPath {
+		t.Fatalf("redirect: %d %v", res.StatusCode, res.Header)
+	}
+	origin := loc.Scheme + "://" + loc.Host
+	res, _ = get(loc.String(), nil)
+	sc := res.Header.Get("Set-Cookie")
+	if res.StatusCode != http.StatusSeeOther || res.Header.Get("Location") != "/port/8000/headers?a=b" ||
+		!strings.Contains(sc, "HttpOnly") || !strings.Contains(sc, "SameSite=Lax") || strings.Contains(strings.ToLower(sc), "domain=") {
+		t.Fatalf("login: %d %v", res.StatusCode, res.Header)
+	}
+	res, b := get(origin+"/port/8000/headers?a=b", nil)
+	if res.StatusCode != 200 || bytes.Contains(b, []byte(portal.CookieName)) {
+		t.Fatalf("with the cookie: %d %s", res.StatusCode, b)
+	}
+	if res.Header.Get("Cross-Origin-Resource-Policy") != "same-origin" || !strings.Contains(res.Header.Get("Content-Security-Policy"), "frame-ancestors") {
+		t.Errorf("portal answer headers: %v", res.Header)
+	}
+	// The sandbox cannot replace the portal cookie.
+	res, _ = get(origin+"/port/8000/setcookie", nil)
+	if cs := res.Header.Values("Set-Cookie"); len(cs) != 1 || !strings.HasPrefix(cs[0], "app=1") {
+		t.Errorf("Set-Cookie passed: %q", cs)
+	}
+	// A replayed ticket fails.
+	if res, _ := get(loc.String(), nil); res.StatusCode != http.StatusUnauthorized {
+		t.Errorf("replayed ticket: %d", res.StatusCode)
+	}
+	// A page of another origin (another session's portal) is refused,
+	// WebSockets included.
+	for _, hdr := range []http.Header{
+		{"Origin": {"http://s0000000000000000000a.localhost:1"}},
+		{"Sec-Fetch-Site": {"same-site"}, "Sec-Fetch-Mode": {"cors"}},
+		{"Origin": {"null"}},
+	} {
+		if res, b := get(origin+"/port/8000/headers", hdr); res.StatusCode != http.StatusForbidden {
+			t.Errorf("cross-origin %v: %d %s", hdr, res.StatusCode, b)
+		}
+	}
+	// The API takes no cookie; the portal origin serves no API.
+	u, _ := url.Parse(h.ts.URL)
+	for _, c := range cl.Jar.Cookies(loc) {
+		cl.Jar.SetCookies(u, []*http.Cookie{{Name: c.Name, Value: c.Value}})
+	}
+	if res, _ := get(h.ts.URL+"/v1/sandbox/"+id, nil); res.StatusCode != http.StatusUnauthorized {
+		t.Errorf("API with the portal cookie: %d", res.StatusCode)
+	}
+	if res, b := get(origin+"/v1/sandbox/"+id, nil); res.StatusCode != http.StatusNotFound || bytes.Contains(b, []byte(`"sessionId"`)) {
+		t.Errorf("API on the portal origin: %d %s", res.StatusCode, b)
+	}
+	// The cookie is worth nothing on another session's portal origin, and a
+	// ticket of this session cannot sign in there.
+	other := strings.Replace(origin, loc.Hostname(), portal.SessionKey("x", "y")+".localhost", 1)
+	req, _ := http.NewRequest("GET", other+"/port/8000/headers", nil)
+	for _, c := range cl.Jar.Cookies(loc) {
+		req.AddCookie(c)
+	}
+	if res, err := cl.Do(req); err != nil {
+		t.Fatal(err)
+	} else if readAll(t, res); res.StatusCode != http.StatusUnauthorized {
+		t.Errorf("cookie on another portal origin: %v", res.StatusCode)
+	}
+	if res, _ := get(other+loginPath+"?ticket="+ticket(id)+"&next=/", nil); res.StatusCode != http.StatusForbidden {
+		t.Errorf("ticket on another portal origin: %d", res.StatusCode)
+	}
+	// Open redirects are not.
+	res, _ = get(origin+loginPath+"?ticket="+ticket(id)+"&next=//evil.example/", nil)
+	if l := res.Header.Get("Location"); l != "/" {
+		t.Errorf("next=//evil: Location %q", l)
+	}
+	h.s.db.FlushAudit(context.Background())
+	if code, b := h.call(h.token, "GET", "/v1/audit?action=portal.open", nil); code != 200 ||
+		!bytes.Contains(b, []byte(`"via":"browser"`)) || !bytes.Contains(b, []byte(`"outcome":"denied"`)) {
+		t.Errorf("portal.open audit records: %d %s", code, b)
+	}
+}
