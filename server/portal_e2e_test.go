@@ -16,10 +16,12 @@ import (
 	"net/http/cookiejar"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
 	"github.com/gorilla/websocket"
 
 	"sandboxd/server/portal"
@@ -379,5 +381,91 @@ func portalOriginChecks(t *testing.T, h *harness, id string) {
 	if code, b := h.call(h.token, "GET", "/v1/audit?action=portal.open", nil); code != 200 ||
 		!bytes.Contains(b, []byte(`"via":"browser"`)) || !bytes.Contains(b, []byte(`"outcome":"denied"`)) {
 		t.Errorf("portal.open audit records: %d %s", code, b)
+	}
+}
+
+// A page served by one sandbox attacks the user in a real browser that is
+// signed in to the API (a console's token in the API origin's storage) and
+// to another sandbox's portal. Nothing may work.
+func TestRealPortalHostilePage(t *testing.T) {
+	h := startServer(t, realConfig(t))
+	h.provision("hostile-a", "standard-1")
+	h.provision("victim-b", "standard-1")
+	h.startUpstream("hostile-a", 8000, 1)
+	h.startUpstream("victim-b", 8000, 1)
+	page, err := os.ReadFile("testdata/portal_hostile.html")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := h.sh("hostile-a", "mkdir -p /workspace/static && echo "+base64.StdEncoding.EncodeToString(page)+" | base64 -d > /workspace/static/evil.html"); r.ExitCode != 0 {
+		t.Fatal(r)
+	}
+	ticket := func(session string) string {
+		code, b := h.call(h.token, "POST", "/v1/sandbox/"+session+"/tickets", nil)
+		var r struct{ Ticket string }
+		if json.Unmarshal(b, &r); code != http.StatusCreated {
+			t.Fatalf("ticket: %d %s", code, b)
+		}
+		return r.Ticket
+	}
+	ctx := newBrowser(t)
+	// The console keeps its token in the API origin's storage.
+	if err := do(ctx, 30*time.Second, chromedp.Navigate(h.ts.URL+"/healthz"),
+		chromedp.Evaluate[chromedp.Void](`localStorage.setItem("sandboxd.token", `+strconv.Quote(h.token)+`)`)); err != nil {
+		t.Fatal(err)
+	}
+	// Signed in to the victim's portal.
+	if err := do(ctx, 60*time.Second,
+		chromedp.Navigate(h.ts.URL+"/v1/sandbox/proxy/victim-b/port/8000/page?ticket="+ticket("victim-b")),
+		chromedp.WaitVisible(chromedp.ID("h"))); err != nil {
+		t.Fatal(err)
+	}
+	victim, err := get(ctx, 10*time.Second, chromedp.Evaluate[string](`location.origin`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Then opens the hostile sandbox's page.
+	evil := "/v1/sandbox/proxy/hostile-a/port/8000/static/evil.html?ticket=" + ticket("hostile-a") +
+		"&api=" + url.QueryEscape(h.ts.URL) + "&victim=" + url.QueryEscape(victim)
+	if err := do(ctx, 60*time.Second, chromedp.Navigate(h.ts.URL+evil),
+		chromedp.WaitVisible(chromedp.CSS(`body[data-done="1"]`))); err != nil {
+		t.Fatal(err)
+	}
+	out, err := get(ctx, 10*time.Second, chromedp.Text(chromedp.ID("out")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	screenshot(t, ctx, "portal-hostile-page")
+	var r map[string]string
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatalf("results: %v\n%s", err, out)
+	}
+	t.Logf("hostile page results: %s", out)
+	for k, v := range r {
+		if strings.Contains(v, "READ") || strings.Contains(v, "ECHO") || strings.Contains(v, h.token) {
+			t.Errorf("%s worked: %s", k, v)
+		}
+	}
+	if r["consoleToken"] != "none" {
+		t.Errorf("console token: %q", r["consoleToken"])
+	}
+	if strings.Contains(r["portalCookieVisible"], "v1.") {
+		t.Errorf("the portal cookie is readable by script: %q", r["portalCookieVisible"])
+	}
+	// Not even a request reached the victim's sandbox from the hostile page.
+	// (One /headers is the start-up check, one /page the sign-in.)
+	if log := h.sh("victim-b", "cat /tmp/access-8000.log").Stdout; strings.Contains(log, "/ws") ||
+		strings.Contains(log, "site=same-site") || strings.Contains(log, "site=cross-site") ||
+		strings.Count(log, "GET /headers") != 1 {
+		t.Errorf("the victim's server was reached:\n%s", log)
+	}
+	if code, _ := h.call(h.token, "GET", "/v1/sandbox/created-by-hostile-page", nil); code != http.StatusNotFound {
+		t.Errorf("the hostile page created a sandbox: %d", code)
+	}
+	// The victim's portal still works in this browser after the cookie toss.
+	err = do(ctx, 30*time.Second, chromedp.Navigate(victim+"/port/8000/page"), chromedp.WaitVisible(chromedp.ID("h")))
+	title, _ := get(ctx, 10*time.Second, chromedp.Title())
+	if err != nil || title != "in the sandbox" {
+		t.Errorf("victim portal after the attack: %q %v", title, err)
 	}
 }

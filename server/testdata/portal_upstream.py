@@ -22,7 +22,12 @@ class H(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def access(self):
+        with open("/tmp/access-%d.log" % self.server.server_address[1], "a") as f:
+            f.write("%s %s origin=%s site=%s\n" % (self.command, self.path, self.headers.get("Origin"), self.headers.get("Sec-Fetch-Site")))
+
     def do_GET(self):
+        self.access()
         p = self.path.split("?")[0]
         if p == "/headers" or p.startswith("/echo/"):
             body = json.dumps({"port": self.server.server_address[1], "path": self.path, "headers": {k: v for k, v in self.headers.items()}}).encode()
@@ -57,6 +62,14 @@ class H(BaseHTTPRequestHandler):
             return self.send(200, b"ok", "text/plain", [("Set-Cookie", "sandboxd_portal=forged; Path=/"), ("Set-Cookie", "app=1; Path=/")])
         if p == "/ws":
             return self.websocket()
+        if p.startswith("/static/") and ".." not in p:
+            try:
+                with open("/workspace" + p, "rb") as f:
+                    body = f.read()
+            except OSError:
+                return self.send(404, b"no file\n", "text/plain")
+            ctype = "text/html; charset=utf-8" if p.endswith(".html") else "application/octet-stream"
+            return self.send(200, body, ctype)
         if p == "/page":
             return self.send(200, b"<!doctype html><title>in the sandbox</title><h1 id=h>Hello from the sandbox</h1>", "text/html")
         self.send(404, b"not here\n", "text/plain")
@@ -83,6 +96,7 @@ class H(BaseHTTPRequestHandler):
                 left -= len(b)
 
     def do_POST(self):
+        self.access()
         h = hashlib.sha256()
         n = 0
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
