@@ -1,0 +1,271 @@
+package portal
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"sandboxd/runsc"
+	"sandboxd/runsc/agent"
+)
+
+// fakeSandbox maps ports to real loopback listeners; services are real
+// HTTP servers that a fake process starts and stops.
+type fakeSandbox struct {
+	mu      sync.Mutex
+	ports   map[int]string // port -> host:port
+	starts  map[string]int // launcher -> times started
+	handler http.Handler
+	delay   time.Duration // before a started service listens
+	crash   bool          // started services exit at once
+	procs   []*fakeProc
+}
+
+func (f *fakeSandbox) DialPort(ctx context.Context, _ string, port int) (net.Conn, error) {
+	f.mu.Lock()
+	addr := f.ports[port]
+	f.mu.Unlock()
+	if addr == "" {
+		return nil, errors.New("agent: connection refused")
+	}
+	return (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+}
+
+func (f *fakeSandbox) Start(_ context.Context, _ string, s agent.Spec) (runsc.Process, error) {
+	f.mu.Lock()
+	f.starts[s.Args[0]]++
+	crash, delay := f.crash, f.delay
+	f.mu.Unlock()
+	var svc *Service
+	for _, v := range Services {
+		if v.Command == s.Args[0] {
+			svc = v
+		}
+	}
+	p := &fakeProc{done: make(chan struct{})}
+	f.mu.Lock()
+	f.procs = append(f.procs, p)
+	f.mu.Unlock()
+	if crash {
+		p.Close()
+		return p, nil
+	}
+	go func() {
+		select {
+		case <-time.After(delay):
+		case <-p.done:
+			return
+		}
+		srv := httptest.NewServer(f.handler)
+		f.mu.Lock()
+		f.ports[svc.Port] = srv.Listener.Addr().String()
+		f.mu.Unlock()
+		<-p.done
+		f.mu.Lock()
+		delete(f.ports, svc.Port)
+		f.mu.Unlock()
+		srv.CloseClientConnections()
+		srv.Close()
+	}()
+	return p, nil
+}
+
+type fakeProc struct {
+	once sync.Once
+	done chan struct{}
+}
+
+func (p *fakeProc) Stdin() io.WriteCloser       { return nil }
+func (p *fakeProc) Stdout() io.Reader           { return strings.NewReader("listening\n") }
+func (p *fakeProc) Stderr() io.Reader           { return strings.NewReader("") }
+func (p *fakeProc) Resize(uint16, uint16) error { return nil }
+func (p *fakeProc) Signal(string, bool) error   { return nil }
+func (p *fakeProc) Wait() (agent.Exit, error)   { <-p.done; return agent.Exit{Code: 1}, nil }
+func (p *fakeProc) Close() error                { p.once.Do(func() { close(p.done) }); return nil }
+
+type logRec struct {
+	mu    sync.Mutex
+	kinds []string
+	lines []string
+}
+
+func (l *logRec) Event(_, kind string, _ map[string]any) {
+	l.mu.Lock()
+	l.kinds = append(l.kinds, kind)
+	l.mu.Unlock()
+}
+
+func (l *logRec) Service(_, name, line string) {
+	l.mu.Lock()
+	l.lines = append(l.lines, name+": "+line)
+	l.mu.Unlock()
+}
+
+func newTestPortal(t *testing.T, f *fakeSandbox, idle time.Duration) (*Portal, *logRec) {
+	lg := &logRec{}
+	p := New(Options{Dialer: f, Starter: f, Log: lg, ServiceIdle: idle, FrameAncestors: []string{"https://app.example"}})
+	t.Cleanup(p.Close)
+	return p, lg
+}
+
+func serve(p *Portal, path string, hdr http.Header, wait time.Duration) (*httptest.ResponseRecorder, error) {
+	var failed error
+	esc, _, _ := strings.Cut(path, "?")
+	t, err := Parse(esc)
+	if err != nil {
+		return nil, err
+	}
+	r := httptest.NewRequest("GET", "http://s1.localhost:8080"+path, nil)
+	for k, v := range hdr {
+		r.Header[k] = v
+	}
+	w := httptest.NewRecorder()
+	p.Serve(w, r, Call{Sandbox: Sandbox{PK: "pk1", ContainerID: "c1"}, Target: t, Origin: "http://s1.localhost:8080",
+		Wait: wait, Fail: func(err error) { failed = err; w.WriteHeader(599) }})
+	return w, failed
+}
+
+func TestServiceStartsOnDemandAndRestarts(t *testing.T) {
+	f := &fakeSandbox{ports: map[int]string{}, starts: map[string]int{}, delay: 300 * time.Millisecond,
+		handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Set-Cookie", CookieName+"=forged")
+			w.Header().Add("Set-Cookie", "app=1")
+			if r.URL.Path == "/go" {
+				http.Redirect(w, r, "/elsewhere", http.StatusFound)
+				return
+			}
+			io.WriteString(w, "editor at "+r.URL.Path+" host "+r.Host+" cookie "+r.Header.Get("Cookie"))
+		})}
+	p, lg := newTestPortal(t, f, 0)
+	if len(p.Running("pk1")) != 0 {
+		t.Fatal("a service runs before anyone asked")
+	}
+	// A person sees a page that says it is starting, not a 502.
+	w, _ := serve(p, "/editor/", http.Header{"Sec-Fetch-Mode": {"navigate"}}, 0)
+	if w.Code != http.StatusServiceUnavailable || !strings.Contains(w.Body.String(), "Starting VS Code") ||
+		!strings.Contains(w.Body.String(), `http-equiv="refresh"`) {
+		t.Fatalf("starting page: %d %s", w.Code, w.Body)
+	}
+	// A program gets ErrStarting, or the answer if it waits long enough.
+	if _, err := serve(p, "/editor/", nil, 0); !errors.Is(err, ErrStarting) {
+		t.Fatalf("err = %v", err)
+	}
+	w, err := serve(p, "/editor/a/b?x=1", http.Header{"Cookie": {"app=1; " + CookieName + "=secret"}}, 5*time.Second)
+	if err != nil || w.Code != 200 || w.Body.String() != "editor at /a/b host s1.localhost:8080 cookie app=1" {
+		t.Fatalf("proxied: %v %d %q", err, w.Code, w.Body)
+	}
+	if cs := w.Result().Header.Values("Set-Cookie"); len(cs) != 1 || cs[0] != "app=1" {
+		t.Errorf("Set-Cookie = %q", cs)
+	}
+	if csp := w.Header().Get("Content-Security-Policy"); csp != "frame-ancestors 'self' https://app.example" {
+		t.Errorf("CSP = %q", csp)
+	}
+	w, _ = serve(p, "/editor/go", nil, time.Second)
+	if loc := w.Header().Get("Location"); loc != "/editor/elsewhere" {
+		t.Errorf("Location = %q", loc)
+	}
+	if got := p.Running("pk1"); len(got) != 1 || got[0] != "editor" {
+		t.Errorf("running = %v", got)
+	}
+	// It crashes: the supervisor starts it again.
+	f.mu.Lock()
+	f.crash = false
+	f.mu.Unlock()
+	p.mu.Lock()
+	run := p.running["pk1"]["editor"]
+	p.mu.Unlock()
+	killCurrent(t, f, run)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		f.mu.Lock()
+		n := f.starts[Services["editor"].Command]
+		f.mu.Unlock()
+		if n >= 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("not restarted")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if w, err := serve(p, "/editor/", nil, 5*time.Second); err != nil || w.Code != 200 {
+		t.Errorf("after restart: %v %d", err, w.Code)
+	}
+	p.StopSession("pk1")
+	if len(p.Running("pk1")) != 0 {
+		t.Error("still running after StopSession")
+	}
+	lg.mu.Lock()
+	defer lg.mu.Unlock()
+	if !strings.Contains(strings.Join(lg.kinds, ","), "service_start,service_exit,service_start") ||
+		!strings.Contains(strings.Join(lg.lines, "\n"), "editor: listening") {
+		t.Errorf("log: %v %v", lg.kinds, lg.lines)
+	}
+}
+
+// killCurrent ends the newest service process, as a crash would.
+func killCurrent(t *testing.T, f *fakeSandbox, _ *running) {
+	t.Helper()
+	f.mu.Lock()
+	p := f.procs[len(f.procs)-1]
+	f.mu.Unlock()
+	p.Close()
+}
+
+func TestLauncherThatCannotStartGivesUp(t *testing.T) {
+	f := &fakeSandbox{ports: map[int]string{}, starts: map[string]int{}, crash: true}
+	p, _ := newTestPortal(t, f, 0)
+	serve(p, "/notebook/", nil, 0)
+	time.Sleep(200 * time.Millisecond)
+	f.mu.Lock()
+	n := f.starts[Services["notebook"].Command]
+	f.mu.Unlock()
+	if n < 1 {
+		t.Fatal("not started")
+	}
+}
+
+func TestIdleServiceStops(t *testing.T) {
+	f := &fakeSandbox{ports: map[int]string{}, starts: map[string]int{},
+		handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})}
+	p, _ := newTestPortal(t, f, 200*time.Millisecond)
+	if _, err := serve(p, "/display/websockify", nil, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for len(p.Running("pk1")) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("idle service not stopped")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func TestDevToolsURLsPointAtThePortal(t *testing.T) {
+	f := &fakeSandbox{ports: map[int]string{}, starts: map[string]int{},
+		handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Host != "127.0.0.1:13340" || r.Header.Get("Origin") != "" {
+				http.Error(w, "Host header is specified and is not an IP address or localhost.", 500)
+				return
+			}
+			io.WriteString(w, `{"webSocketDebuggerUrl": "ws://127.0.0.1:13340/devtools/browser/abc",
+"devtoolsFrontendUrl": "/devtools/inspector.html?ws=127.0.0.1:13340/devtools/page/X"}`)
+		})}
+	p, _ := newTestPortal(t, f, 0)
+	w, err := serve(p, "/browser/json/version", http.Header{"Origin": {"http://s1.localhost:8080"}}, 5*time.Second)
+	if err != nil || w.Code != 200 {
+		t.Fatalf("%v %d %s", err, w.Code, w.Body)
+	}
+	b := w.Body.String()
+	if !strings.Contains(b, `"ws://s1.localhost:8080/browser/devtools/browser/abc"`) ||
+		!strings.Contains(b, "ws=s1.localhost:8080/browser/devtools/page/X") || strings.Contains(b, "13340") {
+		t.Errorf("body: %s", b)
+	}
+}
