@@ -16,7 +16,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 func TestCookie(t *testing.T) {
 	k := NewKeyring([]byte("0123456789abcdef0123456789abcdef"))
 	now := time.Unix(1_800_000_000, 0)
-	g := Grant{Org: "o1", Session: "s1", User: "u1", Token: "t1", Expires: now.Add(time.Hour)}
+	g := Grant{Org: "o1", Session: "s1", User: "u1", Token: "t1", Expires: now.Add(time.Hour).UTC()}
 	v := k.Sign(g)
 	if got, ok := k.Verify(v, now); !ok || got != g {
 		t.Fatalf("verify: %v %v", got, ok)
