@@ -194,6 +194,27 @@ func TestRealPortalPort(t *testing.T) {
 			}
 		}
 	})
+	t.Run("websocket cut when its token is revoked", func(t *testing.T) {
+		h.s.wsGuard.Store(int64(100 * time.Millisecond))
+		code, b := h.call(h.token, "POST", "/v1/tokens", map[string]any{"name": "ws"})
+		var tok struct{ ID, Token string }
+		if json.Unmarshal(b, &tok); code != http.StatusCreated || tok.Token == "" {
+			t.Fatalf("token: %d %s", code, b)
+		}
+		u := "ws" + strings.TrimPrefix(h.ts.URL, "http") + base + "/port/8000/ws"
+		c, _, err := websocket.DefaultDialer.Dial(u, http.Header{"Authorization": {"Bearer " + tok.Token}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if code, b := h.call(h.token, "DELETE", "/v1/tokens/"+tok.ID, nil); code >= 300 {
+			t.Fatalf("revoke: %d %s", code, b)
+		}
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, _, err := c.ReadMessage(); err == nil || strings.Contains(err.Error(), "timeout") {
+			t.Errorf("socket still open after the revoke: %v", err)
+		}
+	})
 	t.Run("redirects stay under the prefix", func(t *testing.T) {
 		res := h.proxyReq(h.token, "GET", base+"/port/8000/redirect", nil, nil)
 		res.Body.Close()
