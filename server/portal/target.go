@@ -19,9 +19,6 @@ type Service struct {
 	// KeepPrefix: the service is configured with its route as base path
 	// (Jupyter's base_url), so the route is not stripped.
 	KeepPrefix bool
-	// Index, if set, is where a request for the route's root is sent
-	// (relative to the route).
-	Index string
 	// Host, if set, replaces the Host header (Chromium's DevTools endpoint
 	// answers only requests addressed to an IP or localhost).
 	Host string
@@ -35,8 +32,9 @@ type Service struct {
 var Services = map[string]*Service{
 	"editor":   {Name: "editor", Title: "VS Code", Port: 13337, Command: "/opt/sandboxd/bin/service-editor"},
 	"notebook": {Name: "notebook", Title: "Jupyter", Port: 13338, Command: "/opt/sandboxd/bin/service-notebook", KeepPrefix: true},
-	"display": {Name: "display", Title: "the display", Port: 13339, Command: "/opt/sandboxd/bin/service-display",
-		Index: "vnc.html?autoconnect=1&resize=remote&reconnect=1&path=display/websockify"},
+	// The display's index.html opens noVNC with the WebSocket path under
+	// whatever prefix it is served at.
+	"display": {Name: "display", Title: "the display", Port: 13339, Command: "/opt/sandboxd/bin/service-display"},
 	"browser": {Name: "browser", Title: "Chromium", Port: 13340, Command: "/opt/sandboxd/bin/service-browser",
 		Host: "127.0.0.1:13340", NoOrigin: true},
 }
@@ -55,8 +53,7 @@ type Target struct {
 	// Path is the escaped path the upstream gets, always starting with "/".
 	Path string
 	// Redirect is set when the route's root was asked for without its
-	// slash (or a service has an index page): where to send the client,
-	// relative to the session's base.
+	// slash: where to send the client, relative to the session's base.
 	Redirect string
 }
 
@@ -96,8 +93,6 @@ func Parse(escaped string) (Target, error) {
 		}
 		if len(segs) == 1 {
 			t.Redirect = "/" + name + "/"
-		} else if svc.Index != "" && len(segs) == 2 && segs[1] == "" {
-			t.Redirect = "/" + name + "/" + svc.Index
 		}
 	default:
 		return Target{}, ErrNoRoute

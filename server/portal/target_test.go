@@ -27,7 +27,7 @@ func TestParse(t *testing.T) {
 		"/editor/../port/22/":            {13337, "/editor", "/port/22/", ""},
 		"/notebook/tree":                 {13338, "", "/notebook/tree", ""},
 		"/notebook/../../x":              {13338, "", "/notebook/x", ""},
-		"/display/":                      {13339, "/display", "/", "/display/vnc.html?autoconnect=1&resize=remote&reconnect=1&path=display/websockify"},
+		"/display/":                      {13339, "/display", "/", ""},
 		"/display/websockify":            {13339, "/display", "/websockify", ""},
 		"/browser/json/version":          {13340, "/browser", "/json/version", ""},
 	} {
