@@ -142,7 +142,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, p store.Principal
 	defer cmd.End()
 	call.Fail = fail
 	call.Sandbox = portal.Sandbox{PK: ses.ID, ContainerID: ses.ContainerID,
-		Env: cmd.Env(nil)}
+		Env: cmd.Env(nil), MemoryMiB: ses.MemoryMiB}
 	if websocket.IsWebSocketUpgrade(r) {
 		ctx, cancel := context.WithCancel(r.Context())
 		defer cancel()
@@ -157,6 +157,8 @@ func portalErr(err error) error {
 	switch {
 	case errors.Is(err, portal.ErrStarting):
 		return errdefs.Unavailable("%s; retry in a moment", err.Error())
+	case errors.Is(err, portal.ErrTooSmall):
+		return errdefs.Conflict("%s", err.Error())
 	case errors.Is(err, portal.ErrUnreachable):
 		return errdefs.New(errdefs.ErrBadGateway, "nothing answered on that port in the sandbox").WithCause(err)
 	}

@@ -127,7 +127,7 @@ func serve(p *Portal, path string, hdr http.Header, wait time.Duration) (*httpte
 		r.Header[k] = v
 	}
 	w := httptest.NewRecorder()
-	p.Serve(w, r, Call{Sandbox: Sandbox{PK: "pk1", ContainerID: "c1"}, Target: t, Origin: "http://s1.localhost:8080",
+	p.Serve(w, r, Call{Sandbox: Sandbox{PK: "pk1", ContainerID: "c1", MemoryMiB: 4096}, Target: t, Origin: "http://s1.localhost:8080",
 		Wait: wait, Fail: func(err error) { failed = err; w.WriteHeader(599) }})
 	return w, failed
 }
@@ -219,16 +219,45 @@ func killCurrent(t *testing.T, f *fakeSandbox, _ *running) {
 	p.Close()
 }
 
-func TestLauncherThatCannotStartGivesUp(t *testing.T) {
-	f := &fakeSandbox{ports: map[int]string{}, starts: map[string]int{}, crash: true}
+func TestServiceTooBigForTheSandbox(t *testing.T) {
+	f := &fakeSandbox{ports: map[int]string{}, starts: map[string]int{}}
 	p, _ := newTestPortal(t, f, 0)
-	serve(p, "/notebook/", nil, 0)
-	time.Sleep(200 * time.Millisecond)
-	f.mu.Lock()
-	n := f.starts[Services["notebook"].Command]
-	f.mu.Unlock()
-	if n < 1 {
-		t.Fatal("not started")
+	tg, _ := Parse("/editor/")
+	var failed error
+	p.Serve(httptest.NewRecorder(), httptest.NewRequest("GET", "/editor/", nil), Call{
+		Sandbox: Sandbox{PK: "pk1", ContainerID: "c1", MemoryMiB: 1024}, Target: tg,
+		Fail: func(err error) { failed = err }})
+	if !errors.Is(failed, ErrTooSmall) || !strings.Contains(failed.Error(), "2048 MiB") || len(p.Running("pk1")) != 0 {
+		t.Errorf("err = %v, running %v", failed, p.Running("pk1"))
+	}
+}
+
+func TestCrashingServiceIsRestarted(t *testing.T) {
+	f := &fakeSandbox{ports: map[int]string{}, starts: map[string]int{}, crash: true}
+	p, lg := newTestPortal(t, f, 0)
+	w, _ := serve(p, "/notebook/", http.Header{"Accept": {"text/html"}}, 0)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		f.mu.Lock()
+		n := f.starts[Services["notebook"].Command]
+		f.mu.Unlock()
+		if n >= 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("started %d times", n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// The page says so.
+	w, _ = serve(p, "/notebook/", http.Header{"Accept": {"text/html"}}, 0)
+	if !strings.Contains(w.Body.String(), "restarted") {
+		t.Errorf("page: %s", w.Body)
+	}
+	lg.mu.Lock()
+	defer lg.mu.Unlock()
+	if !strings.Contains(strings.Join(lg.kinds, ","), "service_exit") {
+		t.Errorf("events: %v", lg.kinds)
 	}
 }
 

@@ -57,6 +57,8 @@ type Portal struct {
 var (
 	// ErrStarting: the service is starting and did not answer in time.
 	ErrStarting = errors.New("is starting")
+	// ErrTooSmall: the sandbox has too little memory for the service.
+	ErrTooSmall = errors.New("needs a larger sandbox")
 	// ErrUnreachable: nothing listens on the port inside the sandbox.
 	ErrUnreachable = errors.New("nothing is listening on that port in the sandbox")
 )
@@ -137,6 +139,11 @@ func (p *Portal) Serve(w http.ResponseWriter, r *http.Request, c Call) {
 		return
 	}
 	if svc := c.Target.Service; svc != nil {
+		if c.Sandbox.MemoryMiB < svc.MinMemoryMiB {
+			c.Fail(fmt.Errorf("%s %w: it needs a size with at least %d MiB of memory, this sandbox has %d MiB",
+				svc.Title, ErrTooSmall, svc.MinMemoryMiB, c.Sandbox.MemoryMiB))
+			return
+		}
 		run := p.ensure(c.Sandbox, svc)
 		run.mu.Lock()
 		run.lastUse = p.now()

@@ -41,6 +41,7 @@ type Sandbox struct {
 	PK          string   // store key: logs and service state
 	ContainerID string   // runsc container
 	Env         []string // the environment commands get (services too)
+	MemoryMiB   int      // its size's memory limit
 }
 
 // running is one service of one session, supervised by its own goroutine.

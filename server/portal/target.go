@@ -22,6 +22,10 @@ type Service struct {
 	// Host, if set, replaces the Host header (Chromium's DevTools endpoint
 	// answers only requests addressed to an IP or localhost).
 	Host string
+	// MinMemoryMiB is the smallest sandbox the service may start in: a
+	// sandbox over its memory limit is killed whole, so a service that
+	// cannot fit is refused instead.
+	MinMemoryMiB int
 	// NoOrigin drops the Origin header (DevTools refuses WebSockets with an
 	// Origin it was not told about; the portal has checked it already).
 	NoOrigin bool
@@ -30,7 +34,8 @@ type Service struct {
 // Services are the convenience routes, by name. The launchers and ports
 // are the image's (configs/image/services).
 var Services = map[string]*Service{
-	"editor":   {Name: "editor", Title: "VS Code", Port: 13337, Command: "/opt/sandboxd/bin/service-editor"},
+	"editor": {Name: "editor", Title: "VS Code", Port: 13337, Command: "/opt/sandboxd/bin/service-editor",
+		MinMemoryMiB: 2048},
 	"notebook": {Name: "notebook", Title: "Jupyter", Port: 13338, Command: "/opt/sandboxd/bin/service-notebook", KeepPrefix: true},
 	// The display's index.html opens noVNC with the WebSocket path under
 	// whatever prefix it is served at.
