@@ -8,7 +8,7 @@ import "embed"
 
 // FS holds sandboxd.yaml, sizes.yaml, scrubber.yaml (secret patterns),
 // egress.yaml (egress allowlist) and image/ (packages.txt, build.sh,
-// setup.sh).
+// setup.sh, editor.sh).
 //
-//go:embed sandboxd.yaml sizes.yaml scrubber.yaml egress.yaml image/packages.txt image/build.sh image/setup.sh
+//go:embed sandboxd.yaml sizes.yaml scrubber.yaml egress.yaml image/packages.txt image/build.sh image/setup.sh image/editor.sh
 var FS embed.FS
