@@ -64,8 +64,9 @@ func TestLoadConfigDefaults(t *testing.T) {
 	if r.NPMRegistry != c.Image.NPMRegistry || len(r.Build) == 0 || len(r.Setup) == 0 || len(r.Packages) == 0 {
 		t.Errorf("recipe = %+v", r)
 	}
-	// The editor step is part of the recipe (and so of its key).
-	for _, f := range []string{"editor.sh"} {
+	// Every launcher and the editor step are part of the recipe (and so of its key).
+	for _, f := range []string{"editor.sh", "services/service-editor", "services/service-notebook",
+		"services/service-display", "services/service-browser"} {
 		if len(r.Files[f]) == 0 {
 			t.Errorf("recipe file %s missing", f)
 		}
