@@ -26,26 +26,30 @@ declare -A SVC_CHILDREN=()
 stop() {
   trap '' TERM INT HUP
   kill -TERM 0 2>/dev/null
-  local i left
+  local i
   for ((i = 0; i < 50; i++)); do
-    left=$(others)
-    [ -z "$left" ] && return
+    others
+    ((${#OTHERS[@]} == 0)) && return
     sleep 0.1
   done
-  log "killing what did not stop: $left"
-  # shellcheck disable=SC2086
-  kill -KILL $left 2>/dev/null
+  log "killing what did not stop: ${OTHERS[*]}"
+  kill -KILL "${OTHERS[@]}" 2>/dev/null
 }
 
-# others lists the processes of the service's group but this shell.
+# others sets OTHERS to the live processes of the service's group but this
+# shell. It reads /proc with builtins only: a command substitution would be
+# one more process of the group.
 others() {
-  local p out=()
-  # A lone command in $(...) runs without a subshell of its own, and pgrep
-  # never lists itself: nothing but the service's processes is listed.
-  for p in $(pgrep -g $$); do
-    [ "$p" != $$ ] && out+=("$p")
+  OTHERS=()
+  local f pid stat
+  for f in /proc/[0-9]*/stat; do
+    read -r stat 2>/dev/null < "$f" || continue
+    pid=${f//[^0-9]/}
+    # After "(comm) ": state, ppid, pgrp.
+    set -- ${stat##*) }
+    [ "$3" = "$$" ] && [ "$pid" != "$$" ] && [ "$1" != Z ] && OTHERS+=("$pid")
   done
-  echo "${out[*]}"
+  return 0
 }
 
 trap 'log "stopping (signal)"; stop; exit 143' TERM INT HUP
