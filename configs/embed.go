@@ -8,7 +8,8 @@ import "embed"
 
 // FS holds sandboxd.yaml, sizes.yaml, scrubber.yaml (secret patterns),
 // egress.yaml (egress allowlist) and image/ (packages.txt, build.sh,
-// setup.sh).
+// setup.sh, editor.sh and services/, the launchers of the on-demand
+// services).
 //
-//go:embed sandboxd.yaml sizes.yaml scrubber.yaml egress.yaml image/packages.txt image/build.sh image/setup.sh
+//go:embed sandboxd.yaml sizes.yaml scrubber.yaml egress.yaml image/packages.txt image/build.sh image/setup.sh image/editor.sh image/services
 var FS embed.FS

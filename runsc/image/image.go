@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"syscall"
 	"time"
@@ -25,11 +26,17 @@ import (
 
 // Recipe is everything an image is built from; all of it is in the key.
 type Recipe struct {
-	Suite    string
-	Mirror   string
-	Packages []string
-	Build    []byte // build.sh
-	Setup    []byte // setup.sh, run inside the new root filesystem
+	Suite  string
+	Mirror string
+	// NPMRegistry is the npm registry the build installs npm packages
+	// (code-server and its Node runtime) from.
+	NPMRegistry string
+	Packages    []string
+	Build       []byte // build.sh
+	Setup       []byte // setup.sh, run inside the new root filesystem
+	// Files are the recipe's other files (editor.sh, service launchers) by
+	// path relative to the recipe; build.sh finds them under $RECIPE.
+	Files map[string][]byte
 }
 
 // ParsePackages reads a package list: one name per line, # comments.
@@ -50,11 +57,21 @@ func ParsePackages(text string) []string {
 // Key is a short hash of the recipe; a changed recipe is a new image.
 func (r Recipe) Key() string {
 	h := sha256.New()
-	fmt.Fprintf(h, "suite=%s\nmirror=%s\npackages=%s\n", r.Suite, r.Mirror, strings.Join(r.Packages, " "))
+	fmt.Fprintf(h, "suite=%s\nmirror=%s\nnpmRegistry=%s\npackages=%s\n", r.Suite, r.Mirror, r.NPMRegistry, strings.Join(r.Packages, " "))
 	h.Write([]byte("build.sh\n"))
 	h.Write(r.Build)
 	h.Write([]byte("setup.sh\n"))
 	h.Write(r.Setup)
+	names := make([]string, 0, len(r.Files))
+	for name := range r.Files {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		// The length keeps a file's end from reading as the next one's start.
+		fmt.Fprintf(h, "file %q %d\n", name, len(r.Files[name]))
+		h.Write(r.Files[name])
+	}
 	return "debian-" + r.Suite + "-" + hex.EncodeToString(h.Sum(nil))[:16]
 }
 
@@ -109,10 +126,14 @@ func Ensure(ctx context.Context, cacheDir string, r Recipe, build bool, progress
 	}
 	script := filepath.Join(tmp, "build.sh")
 	setup := filepath.Join(tmp, "setup.sh")
+	files := filepath.Join(tmp, "recipe")
 	if err := os.WriteFile(script, r.Build, 0o700); err != nil {
 		return "", err
 	}
 	if err := os.WriteFile(setup, r.Setup, 0o700); err != nil {
+		return "", err
+	}
+	if err := writeFiles(files, r.Files); err != nil {
 		return "", err
 	}
 	cmd := exec.CommandContext(ctx, "/bin/bash", script)
@@ -121,7 +142,8 @@ func Ensure(ctx context.Context, cacheDir string, r Recipe, build bool, progress
 	cmd.WaitDelay = 30 * time.Second
 	cmd.Env = append(os.Environ(),
 		"ROOTFS="+filepath.Join(tmp, "rootfs"), "MIRROR="+r.Mirror, "SUITE="+r.Suite,
-		"PACKAGES="+strings.Join(r.Packages, " "), "SETUP="+setup)
+		"PACKAGES="+strings.Join(r.Packages, " "), "SETUP="+setup,
+		"RECIPE="+files, "NPM_REGISTRY="+r.NPMRegistry)
 	if progress == nil {
 		progress = io.Discard
 	}
@@ -135,6 +157,7 @@ func Ensure(ctx context.Context, cacheDir string, r Recipe, build bool, progress
 	}
 	os.Remove(script)
 	os.Remove(setup)
+	os.RemoveAll(files)
 	if err := os.WriteFile(filepath.Join(tmp, "COMPLETE"), []byte(r.Key()+"\n"), 0o644); err != nil {
 		return "", err
 	}
@@ -142,6 +165,27 @@ func Ensure(ctx context.Context, cacheDir string, r Recipe, build bool, progress
 		return "", fmt.Errorf("install image: %w", err)
 	}
 	return rootfs, lockDown(cacheDir, final)
+}
+
+// writeFiles writes a recipe's files under dir, refusing a name that would
+// land outside it.
+func writeFiles(dir string, files map[string][]byte) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	for name, b := range files {
+		if !filepath.IsLocal(name) {
+			return fmt.Errorf("recipe file %q: not a relative path inside the recipe", name)
+		}
+		p := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+			return err
+		}
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // lockDown makes the cache and the image reachable by root only. Files in

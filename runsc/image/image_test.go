@@ -18,23 +18,55 @@ func TestParsePackages(t *testing.T) {
 }
 
 func TestKeyCoversRecipe(t *testing.T) {
-	base := Recipe{Suite: "bookworm", Mirror: "http://m/debian", Packages: []string{"a", "b"}, Build: []byte("b"), Setup: []byte("s")}
-	k := base.Key()
-	if k != base.Key() {
-		t.Fatal("key not deterministic")
+	files := func(kv ...string) map[string][]byte {
+		m := map[string][]byte{}
+		for i := 0; i < len(kv); i += 2 {
+			m[kv[i]] = []byte(kv[i+1])
+		}
+		return m
 	}
-	variants := []Recipe{base, base, base, base, base}
+	base := Recipe{Suite: "bookworm", Mirror: "http://m/debian", NPMRegistry: "https://r/",
+		Packages: []string{"a", "b"}, Build: []byte("b"), Setup: []byte("s"),
+		Files: files("editor.sh", "e", "services/x", "x")}
+	k := base.Key()
+	for i := 0; i < 20; i++ { // map order must not matter
+		if k != base.Key() {
+			t.Fatal("key not deterministic")
+		}
+	}
+	variants := []Recipe{base, base, base, base, base, base, base, base, base, base}
 	variants[0].Packages = []string{"a", "c"}
 	variants[1].Build = []byte("b2")
 	variants[2].Setup = []byte("s2")
 	variants[3].Mirror = "http://other/debian"
 	variants[4].Suite = "trixie"
+	variants[5].NPMRegistry = "https://other/"
+	variants[6].Files = files("editor.sh", "e2", "services/x", "x")
+	variants[7].Files = files("editor.sh", "e", "services/y", "x")
+	variants[8].Files = files("editor.sh", "e", "services/x", "x", "more", "")
+	// Content moved from one file to the next is a different recipe.
+	variants[9].Files = files("editor.sh", "es", "services/x", "")
 	seen := map[string]bool{k: true}
 	for i, v := range variants {
 		if seen[v.Key()] {
 			t.Fatalf("variant %d has a key already seen", i)
 		}
 		seen[v.Key()] = true
+	}
+}
+
+func TestWriteFiles(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "recipe")
+	if err := writeFiles(dir, map[string][]byte{"editor.sh": []byte("e"), "services/a": []byte("a")}); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "services", "a")); err != nil || string(b) != "a" {
+		t.Fatalf("services/a: %q %v", b, err)
+	}
+	for _, bad := range []string{"../x", "/etc/x", "a/../../x", ""} {
+		if err := writeFiles(dir, map[string][]byte{bad: nil}); err == nil {
+			t.Errorf("%q: written outside the recipe", bad)
+		}
 	}
 }
 

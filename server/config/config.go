@@ -14,10 +14,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 
 	"gopkg.in/yaml.v3"
 
@@ -39,10 +41,11 @@ type Config struct {
 		Debug    bool   `yaml:"debug"`
 	} `yaml:"runsc"`
 	Image struct {
-		CacheDir  string `yaml:"cacheDir"`
-		Mirror    string `yaml:"mirror"`
-		Suite     string `yaml:"suite"`
-		AutoBuild bool   `yaml:"autoBuild"`
+		CacheDir    string `yaml:"cacheDir"`
+		Mirror      string `yaml:"mirror"`
+		NPMRegistry string `yaml:"npmRegistry"`
+		Suite       string `yaml:"suite"`
+		AutoBuild   bool   `yaml:"autoBuild"`
 	} `yaml:"image"`
 	Limits Limits `yaml:"limits"`
 	Portal Portal `yaml:"portal"`
@@ -207,6 +210,9 @@ func (c *Config) validate() error {
 	if !mirrorRe.MatchString(c.Image.Mirror) {
 		errs = append(errs, errors.New("image.mirror: must be an http(s) URL"))
 	}
+	if !mirrorRe.MatchString(c.Image.NPMRegistry) {
+		errs = append(errs, errors.New("image.npmRegistry: must be an http(s) URL"))
+	}
 	for _, p := range c.TrustedProxies {
 		if _, _, err := net.ParseCIDR(p); err != nil && net.ParseIP(p) == nil {
 			errs = append(errs, fmt.Errorf("trustedProxies: %q is not an IP or CIDR", p))
@@ -250,8 +256,28 @@ func (p *Portal) validate() []error {
 	return errs
 }
 
+// recipeMain are the files of configs/image that Recipe names itself;
+// every other file there is one of its Files.
+var recipeMain = map[string]bool{"packages.txt": true, "build.sh": true, "setup.sh": true}
+
 // ImageRecipe is the default image's recipe from configs/image.
 func (c *Config) ImageRecipe() (image.Recipe, error) {
+	files := map[string][]byte{}
+	err := fs.WalkDir(configs.FS, "image", func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		rel := strings.TrimPrefix(p, "image/")
+		if recipeMain[rel] {
+			return nil
+		}
+		b, err := configs.FS.ReadFile(p)
+		files[rel] = b
+		return err
+	})
+	if err != nil {
+		return image.Recipe{}, err
+	}
 	pk, err := configs.FS.ReadFile("image/packages.txt")
 	if err != nil {
 		return image.Recipe{}, err
@@ -264,8 +290,8 @@ func (c *Config) ImageRecipe() (image.Recipe, error) {
 	if err != nil {
 		return image.Recipe{}, err
 	}
-	return image.Recipe{Suite: c.Image.Suite, Mirror: c.Image.Mirror,
-		Packages: image.ParsePackages(string(pk)), Build: build, Setup: setup}, nil
+	return image.Recipe{Suite: c.Image.Suite, Mirror: c.Image.Mirror, NPMRegistry: c.Image.NPMRegistry,
+		Packages: image.ParsePackages(string(pk)), Build: build, Setup: setup, Files: files}, nil
 }
 
 // DBPath is the SQLite file inside a data directory.

@@ -54,8 +54,27 @@ func TestLoadConfigDefaults(t *testing.T) {
 	if c.Sizes.Default != "standard-1" || len(c.Sizes.List) != 5 {
 		t.Errorf("sizes = %+v", c.Sizes)
 	}
-	if _, err := c.ImageRecipe(); err != nil {
-		t.Errorf("ImageRecipe: %v", err)
+	if c.Image.NPMRegistry != "https://registry.npmjs.org/" {
+		t.Errorf("image.npmRegistry = %q", c.Image.NPMRegistry)
+	}
+	r, err := c.ImageRecipe()
+	if err != nil {
+		t.Fatalf("ImageRecipe: %v", err)
+	}
+	if r.NPMRegistry != c.Image.NPMRegistry || len(r.Build) == 0 || len(r.Setup) == 0 || len(r.Packages) == 0 {
+		t.Errorf("recipe = %+v", r)
+	}
+	// Every launcher and the editor step are part of the recipe (and so of its key).
+	for _, f := range []string{"editor.sh", "services/service-editor", "services/service-notebook",
+		"services/service-display", "services/service-browser"} {
+		if len(r.Files[f]) == 0 {
+			t.Errorf("recipe file %s missing", f)
+		}
+	}
+	for _, f := range []string{"build.sh", "setup.sh", "packages.txt"} {
+		if _, ok := r.Files[f]; ok {
+			t.Errorf("%s is both a main recipe part and a file", f)
+		}
 	}
 }
 
@@ -126,6 +145,7 @@ func TestLoadConfigErrors(t *testing.T) {
 		"bad listen":         {"listen: nowhere\n", "listen"},
 		"relative cache":     {"image:\n  cacheDir: cache\n", "cacheDir"},
 		"bad mirror":         {"image:\n  mirror: ftp://x\n", "mirror"},
+		"bad npm registry":   {"image:\n  npmRegistry: registry.npmjs.org\n", "npmRegistry"},
 		"bad proxy":          {"trustedProxies: [not-an-ip]\n", "trustedProxies"},
 		"limits":             {"limits:\n  maxBodyBytes: 10\n", "limits"},
 		"timeouts":           {"limits:\n  execDefaultTimeoutMs: 10\n  execMaxTimeoutMs: 5\n", "limits"},
