@@ -19,7 +19,7 @@ import (
 
 // signIn opens a route of a session's portal in the browser (ticket, then
 // cookie) and returns the portal origin.
-func (h *harness) signIn(t *testing.T, ctx context.Context, id, route string) string {
+func (h *harness) signIn(t testing.TB, ctx context.Context, id, route string) string {
 	t.Helper()
 	code, b := h.call(h.token, "POST", "/v1/sandbox/"+id+"/tickets", nil)
 	var r struct{ Ticket string }
@@ -27,7 +27,9 @@ func (h *harness) signIn(t *testing.T, ctx context.Context, id, route string) st
 		t.Fatalf("ticket: %d %s", code, b)
 	}
 	if err := do(ctx, 60*time.Second, chromedp.Navigate(h.ts.URL+"/v1/sandbox/proxy/"+id+route+"?ticket="+r.Ticket)); err != nil {
-		t.Fatal(err)
+		screenshot(t, ctx, "signin-failed"+strings.ReplaceAll(route, "/", "-"))
+		loc, _ := get(ctx, 5*time.Second, chromedp.Location())
+		t.Fatalf("open %s: %v (at %s)", route, err, loc)
 	}
 	origin, err := get(ctx, 10*time.Second, chromedp.Evaluate[string](`location.origin`))
 	if err != nil {
@@ -38,7 +40,7 @@ func (h *harness) signIn(t *testing.T, ctx context.Context, id, route string) st
 
 // waitFor polls a JavaScript expression until it is true; the starting
 // page reloads itself meanwhile.
-func waitFor(t *testing.T, ctx context.Context, what, expr string, d time.Duration) {
+func waitFor(t testing.TB, ctx context.Context, what, expr string, d time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for {
@@ -79,12 +81,29 @@ df`})
 		for _, d := range r.Display {
 			mimes[d.Mime] = true
 		}
-		if !mimes["image/png"] || !strings.Contains(body, "text/html") || !strings.Contains(body, "<table") {
+		html := ""
+		for _, d := range r.Display {
+			if d.Mime == "text/html" {
+				html = d.Data
+			}
+		}
+		if !mimes["image/png"] || !strings.Contains(html, "<table") {
 			t.Errorf("display: %v; body %.400s", mimes, body)
 		}
 	})
 
+	// Each surface in a tab of its own: a page that asks before it is left
+	// (VS Code) does not hold up the next.
+	tab := func(t *testing.T) context.Context {
+		tctx, cancel := chromedp.NewContext(ctx)
+		t.Cleanup(cancel)
+		if err := chromedp.Do(tctx); err != nil { // open it (no deadline: it would close the tab)
+			t.Fatal(err)
+		}
+		return tctx
+	}
 	t.Run("editor", func(t *testing.T) {
+		ctx := tab(t)
 		if r := h.sh(id, "printf 'first line\\n' > /workspace/hello.txt"); r.ExitCode != 0 {
 			t.Fatal(r)
 		}
@@ -97,12 +116,15 @@ df`})
 		if err := do(ctx, 30*time.Second,
 			chromedp.KeyEvent("p", chromedp.KeyModifiers(chromedp.ModifierCtrl)),
 			chromedp.Sleep(time.Second),
-			chromedp.KeyEvent("hello.txt"),
-			chromedp.Sleep(time.Second),
-			chromedp.KeyEvent("\r")); err != nil {
+			chromedp.KeyEvent("hello.txt")); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, ctx, "file open", `document.querySelector(".monaco-editor .view-lines") && document.querySelector(".monaco-editor .view-lines").innerText.includes("first line")`, time.Minute)
+		waitFor(t, ctx, "quick open result", `[...document.querySelectorAll(".quick-input-list .monaco-list-row")].some(r => r.innerText.includes("hello.txt"))`, 30*time.Second)
+		if err := do(ctx, 10*time.Second, chromedp.KeyEvent("\r")); err != nil {
+			t.Fatal(err)
+		}
+		// (The chat box is a Monaco editor too; VS Code shows spaces as NBSPs.)
+		waitFor(t, ctx, "file open", `[...document.querySelectorAll(".editor-instance .monaco-editor .view-lines")].some(e => e.innerText.replace(/\u00a0/g, " ").includes("first line"))`, time.Minute)
 		if err := do(ctx, 30*time.Second,
 			chromedp.KeyEvent("edited in the browser "),
 			chromedp.KeyEvent("s", chromedp.KeyModifiers(chromedp.ModifierCtrl))); err != nil {
@@ -121,9 +143,10 @@ df`})
 		if err := do(ctx, 30*time.Second, chromedp.KeyEvent("`", chromedp.KeyModifiers(chromedp.ModifierCtrl))); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, ctx, "terminal", `document.querySelector(".terminal-wrapper .xterm, .terminal .xterm")`, time.Minute)
-		time.Sleep(2 * time.Second) // the shell's prompt
-		if err := do(ctx, 30*time.Second, chromedp.KeyEvent("echo $((6*7)) from $(whoami) > /workspace/term.txt\r")); err != nil {
+		waitFor(t, ctx, "terminal", `document.querySelector(".terminal-wrapper .xterm-rows") && document.querySelector(".terminal-wrapper .xterm-rows").innerText.includes("$")`, time.Minute)
+		if err := do(ctx, 30*time.Second,
+			chromedp.Click(chromedp.CSS(".terminal-wrapper .xterm-screen")),
+			chromedp.KeyEvent("echo $((6*7)) from $(whoami) > /workspace/term.txt\r")); err != nil {
 			t.Fatal(err)
 		}
 		deadline = time.Now().Add(30 * time.Second)
@@ -138,6 +161,7 @@ df`})
 	})
 
 	t.Run("notebook", func(t *testing.T) {
+		ctx := tab(t)
 		// A notebook made through Jupyter's own API on the proxy route.
 		res := h.proxyReq(h.token, "POST", "/v1/sandbox/proxy/"+id+"/notebook/api/contents",
 			strings.NewReader(`{"type":"notebook"}`), http.Header{"Content-Type": {"application/json"}})
@@ -170,6 +194,7 @@ df`})
 	})
 
 	t.Run("display", func(t *testing.T) {
+		ctx := tab(t)
 		h.signIn(t, ctx, id, "/display/")
 		waitFor(t, ctx, "noVNC connected", `document.querySelector("#noVNC_container canvas, #noVNC_screen canvas") && document.querySelector("canvas").width > 100`, 2*time.Minute)
 		r := h.sh(id, "setsid xterm -geometry 60x12+40+40 -bg '#1f6feb' -fg white -e 'echo shown on the display; sleep 3600' >/dev/null 2>&1 < /dev/null & sleep 3; echo ok")
