@@ -287,6 +287,39 @@ func TestRealPortalPort(t *testing.T) {
 		}
 	})
 	t.Run("portal origin", func(t *testing.T) { portalOriginChecks(t, h, id) })
+	t.Run("in a browser", func(t *testing.T) {
+		page, err := os.ReadFile("testdata/portal_client.html")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := h.sh(id, "mkdir -p /workspace/static && echo "+base64.StdEncoding.EncodeToString(page)+" | base64 -d > /workspace/static/client.html"); r.ExitCode != 0 {
+			t.Fatal(r)
+		}
+		ctx := newBrowser(t)
+		h.signIn(t, ctx, id, "/port/8000/static/client.html")
+		waitFor(t, ctx, "streams", `document.body.dataset.done === "1"`, 2*time.Minute)
+		out, err := get(ctx, 10*time.Second, chromedp.Text(chromedp.ID("out")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		screenshot(t, ctx, "portal-port-streams")
+		var r struct {
+			Download struct {
+				Bytes  int
+				Sha256 string
+				Ms     int
+			}
+			SSE []string
+			WS  string
+		}
+		if err := json.Unmarshal([]byte(out), &r); err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		if r.Download.Bytes != size || r.Download.Sha256 != sum || len(r.SSE) != 3 || r.SSE[2] != "tick 2" || r.WS != "echo: from the browser" {
+			t.Errorf("in the browser: %s", out)
+		}
+		t.Logf("browser: %d MiB in %d ms through the portal origin", r.Download.Bytes>>20, r.Download.Ms)
+	})
 
 	// A stopped session answers at once with a clear error.
 	if code, b := h.call(h.token, "POST", "/v1/sandbox/"+id+"/teardown", nil); code != 200 {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -59,7 +60,15 @@ func (s *Server) tokenRole(ctx context.Context, tokenID string) (string, error) 
 func (s *Server) servePortal(w http.ResponseWriter, r *http.Request, key string) {
 	rid := newRequestID()
 	w.Header().Set("X-Request-Id", rid)
-	s.met.requests.WithLabelValues("portal", "").Inc()
+	sw := &statusWriter{ResponseWriter: w}
+	w = sw
+	defer func() {
+		st := sw.status
+		if st == 0 { // hijacked: the proxy wrote 101 on the connection itself
+			st = http.StatusSwitchingProtocols
+		}
+		s.met.requests.WithLabelValues("portal", strconv.Itoa(st)).Inc()
+	}()
 	origin := s.cfg.Portal.Scheme + "://" + r.Host
 	if r.URL.Path == loginPath {
 		s.portalLogin(w, r, key, rid)
@@ -109,6 +118,29 @@ func (s *Server) servePortal(w http.ResponseWriter, r *http.Request, key string)
 	}
 	s.proxy(w, r, p, &ses, portal.Call{Target: t, Origin: origin, Wait: wait}, fail)
 }
+
+// statusWriter remembers the status of an answer; the proxy reaches the
+// connection's Flush and Hijack through Unwrap (http.ResponseController).
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // portalLogin turns a single-use ticket into the portal cookie, host-only
 // on this session's portal origin, and sends the browser on.
