@@ -136,7 +136,7 @@ func TestServiceStartsOnDemandAndRestarts(t *testing.T) {
 	f := &fakeSandbox{ports: map[int]string{}, starts: map[string]int{}, delay: 300 * time.Millisecond,
 		handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Set-Cookie", CookieName+"=forged")
-			w.Header().Add("Set-Cookie", "app=1")
+			w.Header().Add("Set-Cookie", "app=1; Domain=localhost; Path=/; HttpOnly")
 			if r.URL.Path == "/go" {
 				http.Redirect(w, r, "/elsewhere", http.StatusFound)
 				return
@@ -161,7 +161,7 @@ func TestServiceStartsOnDemandAndRestarts(t *testing.T) {
 	if err != nil || w.Code != 200 || w.Body.String() != "editor at /a/b host s1.localhost:8080 cookie app=1" {
 		t.Fatalf("proxied: %v %d %q", err, w.Code, w.Body)
 	}
-	if cs := w.Result().Header.Values("Set-Cookie"); len(cs) != 1 || cs[0] != "app=1" {
+	if cs := w.Result().Header.Values("Set-Cookie"); len(cs) != 1 || cs[0] != "app=1; Path=/; HttpOnly" {
 		t.Errorf("Set-Cookie = %q", cs)
 	}
 	if csp := w.Header().Get("Content-Security-Policy"); csp != "frame-ancestors 'self' https://app.example" {

@@ -254,12 +254,19 @@ func (p *Portal) rewrite(pr *httputil.ProxyRequest) {
 func (p *Portal) modifyResponse(res *http.Response) error {
 	c := res.Request.Context().Value(callKey{}).(*Call)
 	h := res.Header
-	// The sandbox may not replace or clear the portal's cookie.
+	// The sandbox may not replace or clear the portal's cookie, and its
+	// cookies stay on its own origin: a Domain attribute would hand them to
+	// every other session's portal under the same parent domain.
 	if cs := h.Values("Set-Cookie"); len(cs) > 0 {
 		h.Del("Set-Cookie")
 		for _, v := range cs {
-			if name, _, _ := strings.Cut(v, "="); strings.TrimSpace(name) != CookieName {
-				h.Add("Set-Cookie", v)
+			ck, err := http.ParseSetCookie(v)
+			if err != nil || ck.Name == CookieName {
+				continue
+			}
+			ck.Domain = ""
+			if line := ck.String(); line != "" {
+				h.Add("Set-Cookie", line)
 			}
 		}
 	}
