@@ -38,9 +38,9 @@ func (h *harness) startUpstream(id string, port, size int) string {
 		h.t.Fatal(err)
 	}
 	b64 := base64.StdEncoding.EncodeToString(src)
-	r := h.sh(id, fmt.Sprintf(`echo %s | base64 -d > /workspace/up.py && head -c %d /dev/urandom > /workspace/big.bin && sha256sum /workspace/big.bin | cut -c1-64 &&
+	r := h.sh(id, fmt.Sprintf(`echo %s | base64 -d > /workspace/up.py && head -c %d /dev/urandom > /workspace/big-%d.bin && sha256sum /workspace/big-%d.bin | cut -c1-64 &&
 setsid python3 /workspace/up.py %d >/tmp/up-%d.log 2>&1 < /dev/null &
-for i in $(seq 100); do curl -fs 127.0.0.1:%d/headers >/dev/null && exit 0; sleep 0.1; done; cat /tmp/up-%d.log; exit 1`, b64, size, port, port, port, port))
+for i in $(seq 100); do curl -fs 127.0.0.1:%d/headers >/dev/null && exit 0; sleep 0.1; done; cat /tmp/up-%d.log; exit 1`, b64, size, port, port, port, port, port, port))
 	if r.ExitCode != 0 {
 		h.t.Fatalf("upstream did not start: %+v", r)
 	}

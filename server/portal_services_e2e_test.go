@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/input"
 	"github.com/chromedp/chromedp"
 	"github.com/gorilla/websocket"
 )
@@ -143,10 +145,12 @@ df`})
 		if err := do(ctx, 30*time.Second, chromedp.KeyEvent("`", chromedp.KeyModifiers(chromedp.ModifierCtrl))); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, ctx, "terminal", `document.querySelector(".terminal-wrapper .xterm-rows") && document.querySelector(".terminal-wrapper .xterm-rows").innerText.includes("$")`, time.Minute)
+		waitFor(t, ctx, "terminal", `document.querySelector(".terminal-wrapper .xterm-screen")`, time.Minute)
+		time.Sleep(3 * time.Second) // the shell's prompt
 		if err := do(ctx, 30*time.Second,
 			chromedp.Click(chromedp.CSS(".terminal-wrapper .xterm-screen")),
-			chromedp.KeyEvent("echo $((6*7)) from $(whoami) > /workspace/term.txt\r")); err != nil {
+			insertText("echo $((6*7)) from $(whoami) > /workspace/term.txt"),
+			chromedp.KeyEvent("\r")); err != nil {
 			t.Fatal(err)
 		}
 		deadline = time.Now().Add(30 * time.Second)
@@ -257,6 +261,15 @@ df`})
 	if logs := h.logsText(id); !strings.Contains(logs, `"service":"editor"`) || !strings.Contains(logs, "service_start") {
 		t.Errorf("session log has no service output:\n%.2000s", logs)
 	}
+}
+
+// insertText types text as one input event (xterm.js doubles characters
+// of synthesized key and char events).
+func insertText(text string) chromedp.Action[chromedp.Void] {
+	return chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
+		_, err := cdp.Call(ctx, t, input.InsertText, input.InsertTextParams{Text: text})
+		return err
+	})
 }
 
 // cdpClient is a raw Chrome DevTools Protocol client over one WebSocket.

@@ -4,7 +4,6 @@
 import base64, hashlib, json, os, socket, struct, sys, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-BIG = "/workspace/big.bin"
 
 
 class H(BaseHTTPRequestHandler):
@@ -75,6 +74,7 @@ class H(BaseHTTPRequestHandler):
         self.send(404, b"not here\n", "text/plain")
 
     def big(self):
+        BIG = "/workspace/big-%d.bin" % self.server.server_address[1]
         size = os.path.getsize(BIG)
         start, end, code = 0, size - 1, 200
         rng = self.headers.get("Range")
