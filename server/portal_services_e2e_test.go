@@ -315,7 +315,9 @@ func (x *cdpClient) call(session, method string, params any) map[string]any {
 
 func (x *cdpClient) waitEvent(session, method string) {
 	x.t.Helper()
-	match := func(m map[string]any) bool { return m["method"] == method && (session == "" || m["sessionId"] == session) }
+	match := func(m map[string]any) bool {
+		return m["method"] == method && (session == "" || m["sessionId"] == session)
+	}
 	for _, m := range x.events {
 		if match(m) {
 			return
@@ -332,4 +334,3 @@ func (x *cdpClient) waitEvent(session, method string) {
 		}
 	}
 }
-
