@@ -28,6 +28,7 @@ func BenchmarkPortalEditor(b *testing.B) {
 	const id = "bench-editor"
 	h.provision(id, "standard-3")
 	cid := h.s.rt.(*runsc.Runtime).ContainerID(h.get(id).OrgID, id)
+	h.sh(id, "echo hello > /workspace/hello.txt") // for the Explorer to list
 	mem := func() string {
 		time.Sleep(3 * time.Second)
 		cg := -1.0

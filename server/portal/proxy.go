@@ -79,6 +79,10 @@ func New(o Options) *Portal {
 		ExpectContinueTimeout: time.Second,
 		// Bodies pass as they are: no gzip added, none taken off.
 		DisableCompression: true,
+		// Fewer, larger reads and writes: each one into the sandbox is a
+		// syscall that gVisor's sentry serves.
+		ReadBufferSize:  256 << 10,
+		WriteBufferSize: 256 << 10,
 	}
 	p.proxy = &httputil.ReverseProxy{
 		Rewrite:        p.rewrite,
@@ -86,7 +90,7 @@ func New(o Options) *Portal {
 		FlushInterval:  -1, // streams (SSE, downloads) flow as they come
 		ModifyResponse: p.modifyResponse,
 		ErrorHandler:   p.proxyError,
-		ErrorLog:       nil,
+		BufferPool:     bufferPool{},
 	}
 	if p.idle > 0 {
 		p.wg.Add(1)
@@ -323,6 +327,14 @@ func (p *Portal) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 	c := r.Context().Value(callKey{}).(*Call)
 	c.Fail(fmt.Errorf("%w: %v", ErrUnreachable, err))
 }
+
+// bufferPool lends the proxy 256 KiB copy buffers (its default is 32 KiB).
+type bufferPool struct{}
+
+var copyBuffers = sync.Pool{New: func() any { b := make([]byte, 256<<10); return &b }}
+
+func (bufferPool) Get() []byte  { return *copyBuffers.Get().(*[]byte) }
+func (bufferPool) Put(b []byte) { copyBuffers.Put(&b) }
 
 // sweep stops services nobody used for p.idle.
 func (p *Portal) sweep() {
