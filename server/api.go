@@ -111,6 +111,12 @@ func (s *Server) routes() *gin.Engine {
 func (s *Server) recoverer(c *gin.Context) {
 	defer func() {
 		if r := recover(); r != nil {
+			if r == http.ErrAbortHandler {
+				// A proxied body failed after its headers were sent:
+				// net/http cuts the connection, so the client sees a
+				// truncated answer rather than a complete-looking one.
+				panic(r)
+			}
 			s.log.Error("panic", "requestId", requestID(c), "path", c.FullPath(), "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
 			status, code, msg := statusOf(nil) // internal
 			answerError(c, status, code, msg)

@@ -13,7 +13,7 @@ import (
 
 // newBrowser starts Debian's headless Chromium for a test (chromedp); the
 // browser is closed when the test ends.
-func newBrowser(t testing.TB) context.Context {
+func newBrowser(t testing.TB, extra ...chromedp.ExecAllocatorOption) context.Context {
 	t.Helper()
 	bin, err := exec.LookPath("chromium")
 	if err != nil {
@@ -30,6 +30,7 @@ func newBrowser(t testing.TB) context.Context {
 		chromedp.Flag("disable-quic", true),
 		chromedp.WindowSize(1280, 800),
 	)
+	opts = append(opts, extra...)
 	actx, cancelA := chromedp.NewExecAllocator(context.Background(), opts...)
 	ctx, cancelB := chromedp.NewContext(actx)
 	t.Cleanup(func() {

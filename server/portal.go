@@ -48,10 +48,15 @@ var (
 // portalHost returns the session key of a request addressed to a portal
 // origin ("<key>.<domain>", any port).
 func (s *Server) portalHost(host string) (string, bool) {
-	if h, _, err := net.SplitHostPort(host); err == nil {
+	if h, port, err := net.SplitHostPort(host); err == nil {
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+			return "", false
+		}
 		host = h
 	}
-	key, ok := strings.CutSuffix(strings.ToLower(host), "."+s.cfg.Portal.Domain)
+	// A fully qualified name (trailing dot) is the same host.
+	host = strings.TrimSuffix(strings.ToLower(host), ".")
+	key, ok := strings.CutSuffix(host, "."+s.cfg.Portal.Domain)
 	if !ok || len(key) != 21 || key[0] != 's' {
 		return "", false
 	}
@@ -143,13 +148,13 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, p store.Principal
 	call.Fail = fail
 	call.Sandbox = portal.Sandbox{PK: ses.ID, ContainerID: ses.ContainerID,
 		Env: cmd.Env(nil), MemoryMiB: ses.MemoryMiB}
-	if websocket.IsWebSocketUpgrade(r) {
-		ctx, cancel := context.WithCancel(r.Context())
-		defer cancel()
-		go s.guardProxy(ctx, cancel, p)
-		r = r.WithContext(ctx)
-	}
-	s.portal.Serve(w, r, call)
+	// Any proxied request may outlive its token (a WebSocket, any other
+	// upgrade, a stream, a long download): each is cut once the token no
+	// longer grants access.
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	go s.guardProxy(ctx, cancel, p)
+	s.portal.Serve(w, r.WithContext(ctx), call)
 }
 
 // portalErr gives the portal's errors their public class.
@@ -159,13 +164,15 @@ func portalErr(err error) error {
 		return errdefs.Unavailable("%s; retry in a moment", err.Error())
 	case errors.Is(err, portal.ErrTooSmall):
 		return errdefs.Conflict("%s", err.Error())
+	case errors.Is(err, portal.ErrTooMany):
+		return errdefs.RateLimited("%s", err.Error())
 	case errors.Is(err, portal.ErrUnreachable):
-		return errdefs.New(errdefs.ErrBadGateway, "nothing answered on that port in the sandbox").WithCause(err)
+		return errdefs.New(errdefs.ErrBadGateway, "no HTTP answer from that port in the sandbox: nothing listens there, or it closed the connection or did not speak HTTP").WithCause(err)
 	}
 	return err
 }
 
-// guardProxy cancels a proxied WebSocket once its token no longer grants
+// guardProxy cancels a proxied request once its token no longer grants
 // project.update (checked every s.wsGuard); it ends with ctx.
 func (s *Server) guardProxy(ctx context.Context, cancel context.CancelFunc, p store.Principal) {
 	t := time.NewTicker(time.Duration(s.wsGuard.Load()))

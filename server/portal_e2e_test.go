@@ -10,6 +10,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"html"
 	"io"
 	"net"
 	"net/http"
@@ -215,6 +216,40 @@ func TestRealPortalPort(t *testing.T) {
 			t.Errorf("socket still open after the revoke: %v", err)
 		}
 	})
+	t.Run("a ticket is not passed on", func(t *testing.T) {
+		res := h.proxyReq(h.token, "GET", base+"/port/8000/headers?ticket=tkt_abc&q=1", nil, nil)
+		if b := readAll(t, res); !bytes.Contains(b, []byte(`"path": "/headers?q=1"`)) {
+			t.Errorf("upstream saw: %s", b)
+		}
+	})
+	t.Run("a broken-off answer stays broken", func(t *testing.T) {
+		res := h.proxyReq(h.token, "GET", base+"/port/8000/cut", nil, nil)
+		b, err := io.ReadAll(res.Body)
+		res.Body.Close()
+		if err == nil || bytes.Contains(b, []byte(`"error"`)) {
+			t.Errorf("read %q, err %v: a truncated answer must not look complete", b, err)
+		}
+	})
+	t.Run("a stream ends when its token is revoked", func(t *testing.T) {
+		h.s.wsGuard.Store(int64(100 * time.Millisecond))
+		code, b := h.call(h.token, "POST", "/v1/tokens", map[string]any{"name": "sse"})
+		var tok struct{ ID, Token string }
+		if json.Unmarshal(b, &tok); code != http.StatusCreated {
+			t.Fatalf("token: %d %s", code, b)
+		}
+		res := h.proxyReq(tok.Token, "GET", base+"/port/8000/events?n=30", nil, nil)
+		defer res.Body.Close()
+		br := bufio.NewReader(res.Body)
+		if line, err := br.ReadString('\n'); err != nil || line != "data: tick 0\n" {
+			t.Fatalf("first event: %q %v", line, err)
+		}
+		h.call(h.token, "DELETE", "/v1/tokens/"+tok.ID, nil)
+		t0 := time.Now()
+		rest, _ := io.ReadAll(br)
+		if d := time.Since(t0); d > 5*time.Second || bytes.Contains(rest, []byte("tick 29")) {
+			t.Errorf("stream went on for %v after the revoke: %q", d, rest)
+		}
+	})
 	t.Run("redirects stay under the prefix", func(t *testing.T) {
 		res := h.proxyReq(h.token, "GET", base+"/port/8000/redirect", nil, nil)
 		res.Body.Close()
@@ -367,13 +402,15 @@ func portalOriginChecks(t *testing.T, h *harness, id string) {
 		t.Fatalf("redirect: %d %v", res.StatusCode, res.Header)
 	}
 	origin := loc.Scheme + "://" + loc.Host
-	res, _ = get(loc.String(), nil)
+	// The login answers a page of the portal origin that goes on to next,
+	// so the next request is the origin's own (same-origin).
+	res, b := get(loc.String(), nil)
 	sc := res.Header.Get("Set-Cookie")
-	if res.StatusCode != http.StatusSeeOther || res.Header.Get("Location") != "/port/8000/headers?a=b" ||
+	if res.StatusCode != http.StatusOK || !strings.Contains(html.UnescapeString(string(b)), `content="0;url=/port/8000/headers?a=b"`) ||
 		!strings.Contains(sc, "HttpOnly") || !strings.Contains(sc, "SameSite=Lax") || strings.Contains(strings.ToLower(sc), "domain=") {
-		t.Fatalf("login: %d %v", res.StatusCode, res.Header)
+		t.Fatalf("login: %d %v %s", res.StatusCode, res.Header, b)
 	}
-	res, b := get(origin+"/port/8000/headers?a=b", nil)
+	res, b = get(origin+"/port/8000/headers?a=b", nil)
 	if res.StatusCode != 200 || bytes.Contains(b, []byte(portal.CookieName)) {
 		t.Fatalf("with the cookie: %d %s", res.StatusCode, b)
 	}
@@ -394,6 +431,9 @@ func portalOriginChecks(t *testing.T, h *harness, id string) {
 	for _, hdr := range []http.Header{
 		{"Origin": {"http://s0000000000000000000a.localhost:1"}},
 		{"Sec-Fetch-Site": {"same-site"}, "Sec-Fetch-Mode": {"cors"}},
+		{"Sec-Fetch-Site": {"same-site"}, "Sec-Fetch-Mode": {"navigate"}, "Sec-Fetch-Dest": {"iframe"}},
+		{"Sec-Fetch-Site": {"cross-site"}, "Sec-Fetch-Mode": {"navigate"}, "Sec-Fetch-Dest": {"document"}},
+		{"Referer": {"http://s0000000000000000000a.localhost:1/evil"}},
 		{"Origin": {"null"}},
 	} {
 		if res, b := get(origin+"/port/8000/headers", hdr); res.StatusCode != http.StatusForbidden {
@@ -427,9 +467,9 @@ func portalOriginChecks(t *testing.T, h *harness, id string) {
 		t.Errorf("ticket on another portal origin: %d", res.StatusCode)
 	}
 	// Open redirects are not.
-	res, _ = get(origin+loginPath+"?ticket="+ticket(id)+"&next=//evil.example/", nil)
-	if l := res.Header.Get("Location"); l != "/" {
-		t.Errorf("next=//evil: Location %q", l)
+	res, b = get(origin+loginPath+"?ticket="+ticket(id)+"&next=//evil.example/", nil)
+	if !strings.Contains(string(b), `content="0;url=/"`) {
+		t.Errorf("next=//evil: %s", b)
 	}
 	h.s.db.FlushAudit(context.Background())
 	if code, b := h.call(h.token, "GET", "/v1/audit?action=portal.open", nil); code != 200 ||
@@ -442,7 +482,19 @@ func portalOriginChecks(t *testing.T, h *harness, id string) {
 // signed in to the API (a console's token in the API origin's storage) and
 // to another sandbox's portal. Nothing may work.
 func TestRealPortalHostilePage(t *testing.T) {
-	h := startServer(t, realConfig(t))
+	// On *.localhost Chromium treats every portal origin as a site of its
+	// own. On a real wildcard domain they are one site: sbx.test, resolved
+	// by the browser to loopback, and treated as secure (as https would
+	// be) so that the browser sends Fetch Metadata.
+	for _, domain := range []string{"localhost", "sbx.test"} {
+		t.Run(domain, func(t *testing.T) { hostilePage(t, domain) })
+	}
+}
+
+func hostilePage(t *testing.T, domain string) {
+	cfg := realConfig(t)
+	cfg.Portal.Domain = domain
+	h := startServer(t, cfg)
 	h.provision("hostile-a", "standard-1")
 	h.provision("victim-b", "standard-1")
 	h.startUpstream("hostile-a", 8000, 1)
@@ -462,7 +514,18 @@ func TestRealPortalHostilePage(t *testing.T) {
 		}
 		return r.Ticket
 	}
-	ctx := newBrowser(t)
+	port := strings.Split(h.ts.URL, ":")[2]
+	var flags []chromedp.ExecAllocatorOption
+	if domain != "localhost" {
+		org := h.get("hostile-a").OrgID
+		var secure []string
+		for _, id := range []string{"hostile-a", "victim-b"} {
+			secure = append(secure, "http://"+portal.SessionKey(org, id)+"."+domain+":"+port)
+		}
+		flags = append(flags, chromedp.Flag("host-resolver-rules", "MAP *."+domain+" 127.0.0.1"),
+			chromedp.Flag("unsafely-treat-insecure-origin-as-secure", strings.Join(secure, ",")))
+	}
+	ctx := newBrowser(t, flags...)
 	// The console keeps its token in the API origin's storage.
 	if err := do(ctx, 30*time.Second, chromedp.Navigate(h.ts.URL+"/healthz"),
 		chromedp.Evaluate[chromedp.Void](`localStorage.setItem("sandboxd.token", `+strconv.Quote(h.token)+`)`)); err != nil {
@@ -489,7 +552,7 @@ func TestRealPortalHostilePage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	screenshot(t, ctx, "portal-hostile-page")
+	screenshot(t, ctx, "portal-hostile-page-"+domain)
 	var r map[string]string
 	if err := json.Unmarshal([]byte(out), &r); err != nil {
 		t.Fatalf("results: %v\n%s", err, out)
@@ -510,7 +573,7 @@ func TestRealPortalHostilePage(t *testing.T) {
 	// (One /headers is the start-up check, one /page the sign-in.)
 	if log := h.sh("victim-b", "cat /tmp/access-8000.log").Stdout; strings.Contains(log, "/ws") ||
 		strings.Contains(log, "site=same-site") || strings.Contains(log, "site=cross-site") ||
-		strings.Count(log, "GET /headers") != 1 {
+		strings.Count(log, "GET /headers") != 1 || strings.Contains(log, "via=") {
 		t.Errorf("the victim's server was reached:\n%s", log)
 	}
 	if code, _ := h.call(h.token, "GET", "/v1/sandbox/created-by-hostile-page", nil); code != http.StatusNotFound {

@@ -77,13 +77,14 @@ func (s *Server) servePortal(w http.ResponseWriter, r *http.Request, key string)
 	fail := func(err error) { s.portalError(w, r, rid, err) }
 	var g portal.Grant
 	var p store.Principal
-	found := false
+	found, demoted := false, false
 	for _, cand := range s.keys.Grants(r, key, time.Now()) {
 		role, err := s.tokenRole(r.Context(), cand.Token)
 		if err != nil && !errors.Is(err, store.ErrNotFound) {
 			fail(err)
 			return
 		}
+		demoted = demoted || err == nil
 		if err == nil && Can(role, PermProjectUpdate) {
 			g, found = cand, true
 			p = store.Principal{Org: store.Org{ID: cand.Org}, User: store.User{ID: cand.User}, TokenID: cand.Token, Role: role}
@@ -91,10 +92,22 @@ func (s *Server) servePortal(w http.ResponseWriter, r *http.Request, key string)
 		}
 	}
 	if !found {
+		if demoted {
+			fail(forbidden(PermProjectUpdate))
+			return
+		}
 		fail(errPortalSignedOut)
 		return
 	}
 	if why := portal.CrossOrigin(r, origin); why != "" {
+		if r.Method == http.MethodGet && r.Header.Get("Sec-Fetch-Mode") == "navigate" && r.Header.Get("Sec-Fetch-Dest") == "document" {
+			// A person who followed a link from elsewhere: one click on
+			// this origin's own page goes on (it cannot be framed).
+			portal.WritePage(w, http.StatusForbidden, portal.Page{Title: "Open this sandbox?",
+				Message: "This page of a sandbox was opened from another site. Continue only if you meant to open it.",
+				Links:   []portal.Link{{Href: r.URL.RequestURI(), Text: "Continue to " + r.URL.Path}}})
+			return
+		}
 		fail(errCrossOrigin)
 		return
 	}
@@ -186,10 +199,10 @@ func (s *Server) portalLogin(w http.ResponseWriter, r *http.Request, key, rid st
 		Path: "/", MaxAge: int(portal.CookieTTL / time.Second),
 		HttpOnly: true, SameSite: http.SameSiteLaxMode, Secure: s.cfg.Portal.Scheme == "https",
 	})
-	rec.Outcome, rec.Status = "ok", http.StatusSeeOther
+	rec.Outcome, rec.Status = "ok", http.StatusOK
 	rec.Details["next"] = next
 	s.db.Audit(rec)
-	http.Redirect(w, r, next, http.StatusSeeOther)
+	portal.EnterPage(w, next)
 }
 
 // safeNext: a path on this origin, not a way to another one.

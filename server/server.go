@@ -219,6 +219,10 @@ func newServer(cfg *config.Config, db *store.DB, rt Runtime, img string, log *sl
 		return nil, err
 	}
 	s.roles.m, s.opens.last = map[string]roleEntry{}, map[string]time.Time{}
+	if cfg.Portal.Scheme == "http" && cfg.Portal.Domain != "localhost" {
+		s.log.Warn("portal.scheme is http on a real domain: browsers send no Fetch Metadata to insecure origins, " +
+			"so a page of one sandbox can make blind GET requests with another session's portal cookie; serve the portal over https (docs/SECURITY.md)")
+	}
 	s.portal = portal.New(portal.Options{
 		Dialer: rt, Starter: rt, Log: s.logs,
 		FrameAncestors: cfg.Portal.FrameAncestors,
@@ -283,6 +287,10 @@ func bootstrap(ctx context.Context, db *store.DB, dataDir string, out io.Writer)
 // origins, told apart by the Host header.
 func (s *Server) Handler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if len(r.Host) > portal.MaxHost {
+			http.Error(w, "Host header too long", http.StatusBadRequest)
+			return
+		}
 		if key, ok := s.portalHost(r.Host); ok {
 			s.servePortal(w, r, key)
 			return

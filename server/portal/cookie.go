@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"os"
 	"strings"
 	"time"
@@ -148,19 +149,26 @@ func StripCookie(h http.Header) {
 // CrossOrigin reports why a cookie-authenticated request must be refused
 // because another origin made it ("" if it may pass). origin is the
 // portal's own ("http://s1.localhost:8080"). Every portal origin of a
-// server is same-site with the others, so SameSite alone does not keep one
-// session's pages from using another's cookie: a request whose Origin is
-// not this portal, or that the browser says came from another origin and is
-// not a navigation, is refused. WebSockets carry an Origin always.
+// server is on one site (one parent domain), so SameSite does not keep one
+// session's pages from sending requests with another session's cookie:
+// only requests the browser says this origin made (Sec-Fetch-Site
+// same-origin) or a person made (none: typed, a bookmark) pass, and no
+// request with a foreign Origin. A browser sends no Fetch Metadata to a
+// non-secure origin (plain http on a real domain); then a foreign Referer
+// refuses it, and what has neither passes (docs/SECURITY.md: use https).
 func CrossOrigin(r *http.Request, origin string) string {
 	if o := r.Header.Get("Origin"); o != "" && o != origin {
 		return "request from another origin"
 	}
 	switch r.Header.Get("Sec-Fetch-Site") {
-	case "", "same-origin", "none":
+	case "same-origin", "none":
 		return ""
-	}
-	if r.Header.Get("Sec-Fetch-Mode") == "navigate" && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
+	case "":
+		if ref := r.Header.Get("Referer"); ref != "" {
+			if u, err := url.Parse(ref); err != nil || u.Scheme+"://"+u.Host != origin {
+				return "request from another origin"
+			}
+		}
 		return ""
 	}
 	return "request from another origin"

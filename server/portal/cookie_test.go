@@ -90,8 +90,12 @@ func TestCrossOrigin(t *testing.T) {
 		{"GET", map[string]string{"Origin": own}, true},
 		{"POST", map[string]string{"Origin": own, "Sec-Fetch-Site": "same-origin"}, true},
 		{"GET", map[string]string{"Sec-Fetch-Site": "none", "Sec-Fetch-Mode": "navigate"}, true},
-		{"GET", map[string]string{"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate"}, true},
-		{"GET", map[string]string{"Sec-Fetch-Site": "same-site", "Sec-Fetch-Mode": "navigate"}, true},
+		{"GET", map[string]string{"Sec-Fetch-Site": "same-origin", "Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "iframe"}, true},
+		{"GET", map[string]string{"Referer": own + "/port/8000/page"}, true},
+		// Another session's page (same site) or another site: whatever
+		// the mode, navigations included (a GET may change state).
+		{"GET", map[string]string{"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate"}, false},
+		{"GET", map[string]string{"Sec-Fetch-Site": "same-site", "Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "iframe"}, false},
 		{"GET", map[string]string{"Origin": "http://s2.localhost:8080"}, false},
 		{"GET", map[string]string{"Origin": "null"}, false},
 		{"GET", map[string]string{"Origin": "http://s1.localhost:8081"}, false},
@@ -99,6 +103,9 @@ func TestCrossOrigin(t *testing.T) {
 		{"GET", map[string]string{"Sec-Fetch-Site": "same-site", "Sec-Fetch-Mode": "no-cors"}, false},
 		{"GET", map[string]string{"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "websocket"}, false},
 		{"POST", map[string]string{"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate"}, false},
+		// No Fetch Metadata (plain http on a real domain): the Referer.
+		{"GET", map[string]string{"Referer": "http://s2.localhost:8080/evil"}, false},
+		{"GET", map[string]string{"Referer": "::bad"}, false},
 	} {
 		r := httptest.NewRequest(c.method, own+"/", nil)
 		for k, v := range c.hdr {

@@ -49,6 +49,26 @@ func WritePage(w http.ResponseWriter, status int, pg Page) {
 	pageTmpl.Execute(w, pg)
 }
 
+var enterTmpl = template.Must(template.New("enter").Parse(`<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta http-equiv="refresh" content="0;url={{.}}">
+<title>Opening the sandbox…</title></head>
+<body><p><a href="{{.}}">Continue to the sandbox</a></p></body></html>
+`))
+
+// EnterPage sends the browser on to next (a path on this origin) from a
+// page of this origin, so that its request is same-origin: a redirect
+// would carry the site of whoever started the chain (the API's origin).
+func EnterPage(w http.ResponseWriter, next string) {
+	h := w.Header()
+	h.Set("Content-Type", "text/html; charset=utf-8")
+	h.Set("Cache-Control", "no-store")
+	h.Set("Content-Security-Policy", "default-src 'none'; frame-ancestors 'none'")
+	h.Set("Referrer-Policy", "no-referrer")
+	w.WriteHeader(http.StatusOK)
+	enterTmpl.Execute(w, next)
+}
+
 // startingPage tells a person the service is starting; it reloads itself
 // every second until the service answers.
 func (p *Portal) startingPage(w http.ResponseWriter, run *running) {

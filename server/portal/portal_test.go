@@ -298,3 +298,68 @@ func TestDevToolsURLsPointAtThePortal(t *testing.T) {
 		t.Errorf("body: %s", b)
 	}
 }
+
+func TestDevToolsRewriteIsBounded(t *testing.T) {
+	// A sandbox answering /json with the pattern over and over, and a
+	// long Host: the answer is passed on or refused, never multiplied.
+	body := strings.Repeat(`"ws://127.0.0.1:13340/x"`+"\n", (1<<20)/25)
+	f := &fakeSandbox{ports: map[int]string{}, starts: map[string]int{},
+		handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, body) })}
+	p, _ := newTestPortal(t, f, 0)
+	tg, _ := Parse("/browser/json/version")
+	for _, host := range []string{strings.Repeat("a", 250), strings.Repeat("a", 5000)} {
+		w := httptest.NewRecorder()
+		var failed error
+		p.Serve(w, httptest.NewRequest("GET", "/browser/json/version", nil), Call{
+			Sandbox: Sandbox{PK: "pk1", ContainerID: "c1", MemoryMiB: 4096}, Target: tg, Origin: "http://" + host,
+			Wait: 5 * time.Second, Fail: func(err error) { failed = err; w.WriteHeader(599) }})
+		if w.Body.Len() > 4<<20 {
+			t.Errorf("host of %d: answer of %d bytes", len(host), w.Body.Len())
+		}
+		t.Logf("host of %d: %d, %d bytes, %v", len(host), w.Code, w.Body.Len(), failed)
+	}
+}
+
+func TestSessionConnectionCap(t *testing.T) {
+	release := make(chan struct{})
+	f := &fakeSandbox{ports: map[int]string{}, starts: map[string]int{},
+		handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/notebook/x" {
+				<-release
+			}
+		})}
+	lg := &logRec{}
+	p := New(Options{Dialer: f, Starter: f, Log: lg, MaxConnsPerSession: 2})
+	defer p.Close()
+	// Two slow requests hold the session's two places.
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			serve(p, "/notebook/x", nil, 5*time.Second)
+		}()
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		p.mu.Lock()
+		n := p.inFlight["pk1"]
+		p.mu.Unlock()
+		if n == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("in flight: %d", n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, err := serve(p, "/notebook/y", nil, time.Second); !errors.Is(err, ErrTooMany) {
+		t.Errorf("third request: %v", err)
+	}
+	release <- struct{}{}
+	release <- struct{}{}
+	wg.Wait()
+	if _, err := serve(p, "/notebook/z", nil, 0); errors.Is(err, ErrTooMany) {
+		t.Error("places not given back")
+	}
+}

@@ -31,8 +31,15 @@ type Options struct {
 	FrameAncestors []string
 	// ServiceIdle stops a service nobody used for this long (0: never).
 	ServiceIdle time.Duration
-	Now         func() time.Time
+	// MaxConnsPerSession bounds the requests proxied into one session at
+	// once (default DefaultMaxConnsPerSession).
+	MaxConnsPerSession int
+	Now                func() time.Time
 }
+
+// DefaultMaxConnsPerSession is the default bound of requests proxied into
+// one session at once.
+const DefaultMaxConnsPerSession = 256
 
 // Portal proxies requests into sandboxes and runs their services.
 type Portal struct {
@@ -42,6 +49,7 @@ type Portal struct {
 	ancestors string
 	idle      time.Duration
 	now       func() time.Time
+	maxConns  int
 	transport *http.Transport
 	proxy     *httputil.ReverseProxy
 
@@ -51,6 +59,8 @@ type Portal struct {
 	mu     sync.Mutex
 	// running: session pk -> service name -> its supervisor.
 	running map[string]map[string]*running
+	// inFlight: session pk -> requests being proxied.
+	inFlight map[string]int
 }
 
 // Errors of Serve (the caller's WriteError maps them).
@@ -59,8 +69,12 @@ var (
 	ErrStarting = errors.New("is starting")
 	// ErrTooSmall: the sandbox has too little memory for the service.
 	ErrTooSmall = errors.New("needs a larger sandbox")
-	// ErrUnreachable: nothing listens on the port inside the sandbox.
-	ErrUnreachable = errors.New("nothing is listening on that port in the sandbox")
+	// ErrTooMany: the session (or the service) has as many requests in
+	// flight as it may.
+	ErrTooMany = errors.New("too many connections at once")
+	// ErrUnreachable: nothing listens on the port inside the sandbox, or
+	// what answered was not HTTP.
+	ErrUnreachable = errors.New("no HTTP answer from that port in the sandbox")
 )
 
 // New returns a portal; Close stops it.
@@ -68,8 +82,11 @@ func New(o Options) *Portal {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	p := &Portal{dialer: o.Dialer, starter: o.Starter, log: o.Log,
-		idle: o.ServiceIdle, now: o.Now, running: map[string]map[string]*running{}}
+	if o.MaxConnsPerSession <= 0 {
+		o.MaxConnsPerSession = DefaultMaxConnsPerSession
+	}
+	p := &Portal{dialer: o.Dialer, starter: o.Starter, log: o.Log, idle: o.ServiceIdle, maxConns: o.MaxConnsPerSession,
+		now: o.Now, running: map[string]map[string]*running{}, inFlight: map[string]int{}}
 	p.ancestors = strings.Join(append([]string{"'self'"}, o.FrameAncestors...), " ")
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	p.transport = &http.Transport{
@@ -83,6 +100,10 @@ func New(o Options) *Portal {
 		// syscall that gVisor's sentry serves.
 		ReadBufferSize:  256 << 10,
 		WriteBufferSize: 256 << 10,
+		// An upstream that never answers does not hold a request forever
+		// (long polls answer well within this).
+		ResponseHeaderTimeout:  5 * time.Minute,
+		MaxResponseHeaderBytes: 1 << 20,
 	}
 	p.proxy = &httputil.ReverseProxy{
 		Rewrite:        p.rewrite,
@@ -142,6 +163,11 @@ func (p *Portal) Serve(w http.ResponseWriter, r *http.Request, c Call) {
 		w.WriteHeader(http.StatusFound)
 		return
 	}
+	if !p.admit(c.Sandbox.PK) {
+		c.Fail(fmt.Errorf("%w: at most %d requests into one sandbox", ErrTooMany, p.maxConns))
+		return
+	}
+	defer p.release(c.Sandbox.PK)
 	if svc := c.Target.Service; svc != nil {
 		if c.Sandbox.MemoryMiB < svc.MinMemoryMiB {
 			c.Fail(fmt.Errorf("%s %w: it needs a size with at least %d MiB of memory, this sandbox has %d MiB",
@@ -150,6 +176,11 @@ func (p *Portal) Serve(w http.ResponseWriter, r *http.Request, c Call) {
 		}
 		run := p.ensure(c.Sandbox, svc)
 		run.mu.Lock()
+		if svc.MaxConns > 0 && run.active >= svc.MaxConns {
+			run.mu.Unlock()
+			c.Fail(fmt.Errorf("%w: at most %d to %s", ErrTooMany, svc.MaxConns, svc.Title))
+			return
+		}
 		run.lastUse = p.now()
 		run.active++
 		run.mu.Unlock()
@@ -173,6 +204,25 @@ func (p *Portal) Serve(w http.ResponseWriter, r *http.Request, c Call) {
 		}
 	}
 	p.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callKey{}, &c)))
+}
+
+// admit counts a request into a session, if it has room.
+func (p *Portal) admit(pk string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.inFlight[pk] >= p.maxConns {
+		return false
+	}
+	p.inFlight[pk]++
+	return true
+}
+
+func (p *Portal) release(pk string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.inFlight[pk]--; p.inFlight[pk] <= 0 {
+		delete(p.inFlight, pk)
+	}
 }
 
 // waitReady reports whether the service accepts connections, probing
@@ -239,6 +289,17 @@ func (p *Portal) rewrite(pr *httputil.ProxyRequest) {
 	out.URL.Path, _ = url.PathUnescape(c.Target.Path)
 	out.URL.RawPath = c.Target.Path
 	out.URL.RawQuery = pr.In.URL.RawQuery
+	if c.APIOrigin && strings.Contains(out.URL.RawQuery, "ticket=") {
+		// A browser's ticket is the portal's, never the sandbox's.
+		q := out.URL.Query()
+		for _, v := range q["ticket"] {
+			if strings.HasPrefix(v, "tkt_") {
+				q.Del("ticket")
+				out.URL.RawQuery = q.Encode()
+				break
+			}
+		}
+	}
 	// Keep the Host the client addressed: servers check WebSocket
 	// Origins against it (code-server, Jupyter).
 	out.Host = pr.In.Host
@@ -294,16 +355,32 @@ func (p *Portal) modifyResponse(res *http.Response) error {
 	return nil
 }
 
+// DevTools answers the portal rewrites are small JSON lists of targets;
+// anything larger is passed on as it is. The external prefix is bounded
+// too (Host is at most maxHost bytes), so a sandbox cannot make the
+// rewrite grow without bound.
+const (
+	maxDevToolsJSON = 1 << 20
+	maxHost         = MaxHost
+)
+
+// MaxHost is the longest Host header the server accepts (a DNS name is at
+// most 253 bytes, plus a port).
+const MaxHost = 260
+
 // rewriteDevTools points the WebSocket URLs of Chromium's /json answers at
 // the portal instead of the sandbox's loopback.
 func rewriteDevTools(res *http.Response, c *Call) error {
-	if res.StatusCode != http.StatusOK || res.Header.Get("Content-Encoding") != "" {
+	if res.StatusCode != http.StatusOK || res.Header.Get("Content-Encoding") != "" || res.ContentLength > maxDevToolsJSON {
 		return nil
 	}
-	b, err := io.ReadAll(io.LimitReader(res.Body, 4<<20))
+	b, err := io.ReadAll(io.LimitReader(res.Body, maxDevToolsJSON+1))
 	res.Body.Close()
 	if err != nil {
 		return err
+	}
+	if len(b) > maxDevToolsJSON {
+		return errors.New("devtools answer too large")
 	}
 	u, _ := url.Parse(c.Origin)
 	ws := "ws://"
@@ -311,9 +388,18 @@ func rewriteDevTools(res *http.Response, c *Call) error {
 		ws = "wss://"
 	}
 	host := strings.TrimPrefix(strings.TrimPrefix(c.Origin, "https://"), "http://")
+	if len(host) > maxHost {
+		return errors.New("host too long")
+	}
 	ext := host + c.Base + c.Target.Mount
-	b = bytes.ReplaceAll(b, []byte("ws://"+c.Target.Service.Host), []byte(ws+ext))
-	b = bytes.ReplaceAll(b, []byte("ws="+c.Target.Service.Host), []byte("ws="+ext))
+	from := c.Target.Service.Host
+	// Each replacement grows the body by at most len(ext); the count of
+	// replacements is bounded by the (bounded) body.
+	if n := bytes.Count(b, []byte(from)); len(b)+n*len(ext) > 4*maxDevToolsJSON {
+		return errors.New("devtools answer would grow too large")
+	}
+	b = bytes.ReplaceAll(b, []byte("ws://"+from), []byte(ws+ext))
+	b = bytes.ReplaceAll(b, []byte("ws="+from), []byte("ws="+ext))
 	res.Body = io.NopCloser(bytes.NewReader(b))
 	res.ContentLength = int64(len(b))
 	res.Header.Set("Content-Length", strconv.Itoa(len(b)))

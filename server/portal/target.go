@@ -26,6 +26,10 @@ type Service struct {
 	// sandbox over its memory limit is killed whole, so a service that
 	// cannot fit is refused instead.
 	MinMemoryMiB int
+	// MaxConns bounds the requests (WebSockets included) proxied to the
+	// service at once (0: only the session's bound): websockify starts a
+	// process per viewer, and a flood of them would exhaust the sandbox.
+	MaxConns int
 	// NoOrigin drops the Origin header (DevTools refuses WebSockets with an
 	// Origin it was not told about; the portal has checked it already).
 	NoOrigin bool
@@ -39,7 +43,8 @@ var Services = map[string]*Service{
 	"notebook": {Name: "notebook", Title: "Jupyter", Port: 13338, Command: "/opt/sandboxd/bin/service-notebook", KeepPrefix: true},
 	// The display's index.html opens noVNC with the WebSocket path under
 	// whatever prefix it is served at.
-	"display": {Name: "display", Title: "the display", Port: 13339, Command: "/opt/sandboxd/bin/service-display"},
+	"display": {Name: "display", Title: "the display", Port: 13339, Command: "/opt/sandboxd/bin/service-display",
+		MaxConns: 16},
 	"browser": {Name: "browser", Title: "Chromium", Port: 13340, Command: "/opt/sandboxd/bin/service-browser",
 		Host: "127.0.0.1:13340", NoOrigin: true},
 }

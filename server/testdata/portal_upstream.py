@@ -49,11 +49,22 @@ class H(BaseHTTPRequestHandler):
             self.send_header("Cache-Control", "no-cache")
             self.send_header("Connection", "close")
             self.end_headers()
-            for i in range(3):
+            n = int(self.path.split("n=")[1]) if "n=" in self.path else 3
+            for i in range(n):
                 self.wfile.write(b"data: tick %d\n\n" % i)
                 self.wfile.flush()
                 time.sleep(1)
             self.close_connection = True
+            return
+        if p == "/cut":
+            # A body that breaks off: a chunk header, part of it, then EOF.
+            self.send_response(200)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            self.wfile.write(b'b\r\n{"rows":[1,\r\n')
+            self.wfile.flush()
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
             return
         if p == "/redirect":
             return self.send(302, b"", extra=[("Location", "/target?x=1")])
