@@ -153,7 +153,11 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, p store.Principal
 	// longer grants access.
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
-	go s.guardProxy(ctx, cancel, p)
+	go func() {
+		if s.watchAccess(ctx.Done(), p, PermProjectUpdate) {
+			cancel()
+		}
+	}()
 	s.portal.Serve(w, r.WithContext(ctx), call)
 }
 
@@ -170,30 +174,6 @@ func portalErr(err error) error {
 		return errdefs.New(errdefs.ErrBadGateway, "no HTTP answer from that port in the sandbox: nothing listens there, or it closed the connection or did not speak HTTP").WithCause(err)
 	}
 	return err
-}
-
-// guardProxy cancels a proxied request once its token no longer grants
-// project.update (checked every s.wsGuard); it ends with ctx.
-func (s *Server) guardProxy(ctx context.Context, cancel context.CancelFunc, p store.Principal) {
-	t := time.NewTicker(time.Duration(s.wsGuard.Load()))
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
-		role, err := s.db.TokenRole(cctx, p.TokenID)
-		ccancel()
-		if err != nil && !errors.Is(err, store.ErrNotFound) {
-			continue // the store's trouble is no reason to cut a user off
-		}
-		if err != nil || !Can(role, PermProjectUpdate) {
-			cancel()
-			return
-		}
-	}
 }
 
 // portalRedirect sends a browser that followed a proxy URL with a ticket

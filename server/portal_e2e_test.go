@@ -48,6 +48,16 @@ for i in $(seq 100); do curl -fs 127.0.0.1:%d/headers >/dev/null && exit 0; slee
 	return strings.TrimSpace(r.Stdout)
 }
 
+// newToken makes another token of the owner.
+func (h *harness) newToken(name string) (tok struct{ ID, Token string }) {
+	h.t.Helper()
+	code, b := h.call(h.token, "POST", "/v1/tokens", map[string]any{"name": name})
+	if json.Unmarshal(b, &tok); code != http.StatusCreated || tok.Token == "" {
+		h.t.Fatalf("token: %d %s", code, b)
+	}
+	return tok
+}
+
 // portalClient reaches any host name (the portal's *.localhost) at the test
 // server's address, keeping the Host header; it keeps cookies and does not
 // follow redirects.
@@ -197,11 +207,7 @@ func TestRealPortalPort(t *testing.T) {
 	})
 	t.Run("websocket cut when its token is revoked", func(t *testing.T) {
 		h.s.wsGuard.Store(int64(100 * time.Millisecond))
-		code, b := h.call(h.token, "POST", "/v1/tokens", map[string]any{"name": "ws"})
-		var tok struct{ ID, Token string }
-		if json.Unmarshal(b, &tok); code != http.StatusCreated || tok.Token == "" {
-			t.Fatalf("token: %d %s", code, b)
-		}
+		tok := h.newToken("ws")
 		u := "ws" + strings.TrimPrefix(h.ts.URL, "http") + base + "/port/8000/ws"
 		c, _, err := websocket.DefaultDialer.Dial(u, http.Header{"Authorization": {"Bearer " + tok.Token}})
 		if err != nil {
@@ -232,11 +238,7 @@ func TestRealPortalPort(t *testing.T) {
 	})
 	t.Run("a stream ends when its token is revoked", func(t *testing.T) {
 		h.s.wsGuard.Store(int64(100 * time.Millisecond))
-		code, b := h.call(h.token, "POST", "/v1/tokens", map[string]any{"name": "sse"})
-		var tok struct{ ID, Token string }
-		if json.Unmarshal(b, &tok); code != http.StatusCreated {
-			t.Fatalf("token: %d %s", code, b)
-		}
+		tok := h.newToken("sse")
 		res := h.proxyReq(tok.Token, "GET", base+"/port/8000/events?n=30", nil, nil)
 		defer res.Body.Close()
 		br := bufio.NewReader(res.Body)

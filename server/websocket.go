@@ -91,25 +91,32 @@ const guardEvery = 10 * time.Second
 // it, so access is checked again every s.wsGuard while it is open. It
 // returns when the socket ends; the handler that upgraded starts it.
 func (s *Server) guard(w *streams.WSConn, p store.Principal, perm string) {
+	if s.watchAccess(w.Done(), p, perm) {
+		w.SendJSON(map[string]any{"type": "error", "code": "forbidden", "message": "access revoked: the token was revoked or the role changed"})
+		w.CloseWith(streams.ClosePolicy, "access revoked")
+	}
+}
+
+// watchAccess checks every s.wsGuard whether p's token still grants perm.
+// It returns true once it does not, false when done is closed first.
+func (s *Server) watchAccess(done <-chan struct{}, p store.Principal, perm string) bool {
 	t := time.NewTicker(time.Duration(s.wsGuard.Load()))
 	defer t.Stop()
 	for {
 		select {
-		case <-w.Done():
-			return
+		case <-done:
+			return false
 		case <-t.C:
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		role, err := s.db.TokenRole(ctx, p.TokenID)
 		cancel()
 		if err != nil && !errors.Is(err, store.ErrNotFound) {
-			s.log.Warn("websocket access check", "err", err)
+			s.log.Warn("access check", "err", err)
 			continue // the store's trouble is no reason to cut a user off
 		}
 		if err != nil || !Can(role, perm) {
-			w.SendJSON(map[string]any{"type": "error", "code": "forbidden", "message": "access revoked: the token was revoked or the role changed"})
-			w.CloseWith(streams.ClosePolicy, "access revoked")
-			return
+			return true
 		}
 	}
 }
