@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -14,7 +15,17 @@ import (
 
 func (s *Server) me(c *gin.Context) {
 	p := principal(c)
+	connected, at, err := s.db.GitConnected(c.Request.Context(), p.User.ID)
+	if err != nil {
+		s.writeError(c, err)
+		return
+	}
+	github := gin.H{"connected": connected, "connectedAt": nil}
+	if connected {
+		github["connectedAt"] = at
+	}
 	c.JSON(http.StatusOK, gin.H{
+		"github":       github,
 		"user":         gin.H{"id": p.User.ID, "name": p.User.Name},
 		"organization": gin.H{"id": p.Org.ID, "name": p.Org.Name},
 		"projectId":    p.ProjectID,
@@ -22,6 +33,44 @@ func (s *Server) me(c *gin.Context) {
 		"permissions":  Permissions(p.Role),
 		"tokenId":      p.TokenID,
 	})
+}
+
+// maxGitToken bounds a Git credential (GitHub's are under 100 characters;
+// fine-grained and enterprise tokens are longer).
+const maxGitToken = 1024
+
+// connectGitHub: PUT /v1/me/github {"token": "..."} connects (or replaces)
+// the caller's credential. It is write-only: no answer ever shows it.
+func (s *Server) connectGitHub(c *gin.Context) {
+	var req struct {
+		Token string `json:"token"`
+	}
+	if err := decodeJSON(c, &req); err != nil {
+		s.writeError(c, err)
+		return
+	}
+	if req.Token == "" || len(req.Token) > maxGitToken || strings.IndexFunc(req.Token, func(r rune) bool { return r <= ' ' || r > '~' }) >= 0 {
+		s.writeError(c, badRequest("token: required, 1-%d printable characters without spaces", maxGitToken))
+		return
+	}
+	at, err := s.db.SetGitToken(c.Request.Context(), principal(c).User.ID, req.Token)
+	if err != nil {
+		s.writeError(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, gin.H{"github": gin.H{"connected": true, "connectedAt": at}})
+}
+
+// disconnectGitHub: DELETE /v1/me/github.
+func (s *Server) disconnectGitHub(c *gin.Context) {
+	if err := s.db.DeleteGitToken(c.Request.Context(), principal(c).User.ID); err != nil {
+		if errors.Is(err, store.ErrNotFound) {
+			err = errdefs.NotFound("no GitHub credential is connected")
+		}
+		s.writeError(c, err)
+		return
+	}
+	c.Status(http.StatusNoContent)
 }
 
 type tokenJSON struct {

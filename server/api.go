@@ -97,6 +97,8 @@ func (s *Server) routes() *gin.Engine {
 	}
 
 	op("GET", "/me", "me.get", "", s.me)
+	op("PUT", "/me/github", "me.github_connect", "", s.connectGitHub)
+	op("DELETE", "/me/github", "me.github_disconnect", "", s.disconnectGitHub)
 	op("POST", "/tokens", "token.create", "", s.createToken)
 	op("GET", "/tokens", "token.list", "", s.listTokens)
 	op("DELETE", "/tokens/:id", "token.revoke", "", s.revokeToken)

@@ -33,6 +33,8 @@ type apiEnv struct {
 	rt    *sandboxtest.Runtime
 	owner store.Principal
 	token string // the owner's
+	// dbDir holds the SQLite files.
+	dbDir string
 }
 
 func newAPIEnv(t *testing.T, tweak ...func(*config.Config)) *apiEnv {
@@ -51,7 +53,8 @@ func newAPIEnv(t *testing.T, tweak ...func(*config.Config)) *apiEnv {
 // newAPIEnvWith is newAPIEnv for a config and logger the test made.
 func newAPIEnvWith(t *testing.T, cfg *config.Config, log *slog.Logger) *apiEnv {
 	t.Helper()
-	db, err := store.Open(config.DBPath(t.TempDir()))
+	dbDir := t.TempDir()
+	db, err := store.Open(config.DBPath(dbDir))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +68,7 @@ func newAPIEnvWith(t *testing.T, cfg *config.Config, log *slog.Logger) *apiEnv {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	return &apiEnv{t: t, s: s, db: db, rt: rt, owner: p, token: token}
+	return &apiEnv{t: t, s: s, db: db, rt: rt, owner: p, token: token, dbDir: dbDir}
 }
 
 type reqOpt func(*http.Request)

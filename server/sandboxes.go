@@ -80,9 +80,19 @@ func (s *Server) provision(c *gin.Context) {
 	c.Params = append(c.Params, gin.Param{Key: "sessionId", Value: req.SessionID}) // for the audit record
 	auditDetail(c, "size", size.Name)
 	if req.GitRepo != "" {
-		// Cloning uses the caller's connected GitHub credential; none can
-		// be connected yet.
-		s.writeError(c, errdefs.New(errdefs.ErrPrecondition, "gitRepo needs a connected GitHub credential (PUT /v1/me/github); nothing was provisioned").WithCode("github_not_connected"))
+		// Cloning uses the caller's connected Git credential.
+		connected, _, err := s.db.GitConnected(c.Request.Context(), principal(c).User.ID)
+		if err != nil {
+			s.writeError(c, err)
+			return
+		}
+		if !connected {
+			s.writeError(c, errdefs.New(errdefs.ErrPrecondition, "gitRepo needs a connected GitHub credential (PUT /v1/me/github); nothing was provisioned").WithCode("github_not_connected"))
+			return
+		}
+		// The clone itself (issue 11) is not built yet: say so rather than
+		// provision without the repository.
+		s.writeError(c, errdefs.Unavailable("cloning a repository at provision is not available on this server yet; nothing was provisioned"))
 		return
 	}
 	idle := 0

@@ -189,6 +189,18 @@ func newServer(cfg *config.Config, db *store.DB, rt Runtime, img string, log *sl
 	if err != nil {
 		return nil, fmt.Errorf("egress: %w", err)
 	}
+	// Secrets at rest are sealed with a key kept outside the database;
+	// rows from before that are sealed now.
+	keys, err := store.LoadKeyring(cfg.DataDir, os.Getenv("SANDBOXD_SECRETS_KEY"))
+	if err != nil {
+		return nil, err
+	}
+	db.SetKeyring(keys)
+	if n, err := db.Reseal(context.Background()); err != nil {
+		return nil, err
+	} else if n > 0 {
+		log.Info("sealed secrets stored in plaintext before", "values", n)
+	}
 	rules := loadScrubber()
 	s := &Server{cfg: cfg, db: db, rt: rt, met: newMetrics(db), log: slog.New(scrubHandler{log.Handler(), rules})}
 	s.met.reg.MustRegister(redactions{rules})

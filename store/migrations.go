@@ -128,6 +128,14 @@ CREATE TABLE session_events (
 );
 CREATE UNIQUE INDEX session_events_session_seq ON session_events(session_pk, seq);
 `,
+	// 4: a user's Git credential (sealed, see seal.go); one per user.
+	`
+CREATE TABLE git_credentials (
+	user_id    TEXT PRIMARY KEY REFERENCES users(id) ON DELETE CASCADE,
+	token      TEXT NOT NULL,
+	created_at INTEGER NOT NULL
+);
+`,
 }
 
 // migrate applies every migration not yet recorded in schema_migrations,

@@ -8,12 +8,16 @@ import (
 
 // SetSecrets replaces the secrets of a session (by internal id).
 func (db *DB) SetSecrets(ctx context.Context, sessionPK string, secrets map[string]string) error {
+	if db.keys == nil && len(secrets) > 0 {
+		return ErrNoKeyring
+	}
 	return db.withTx(ctx, func(tx *sql.Tx) error {
 		if _, err := tx.ExecContext(ctx, `DELETE FROM session_secrets WHERE session_pk = ?`, sessionPK); err != nil {
 			return fmt.Errorf("set secrets: %w", err)
 		}
 		for k, v := range secrets {
-			if _, err := tx.ExecContext(ctx, `INSERT INTO session_secrets(session_pk, name, value) VALUES (?, ?, ?)`, sessionPK, k, v); err != nil {
+			sealed := db.keys.Seal(v, secretAAD(sessionPK, k))
+			if _, err := tx.ExecContext(ctx, `INSERT INTO session_secrets(session_pk, name, value) VALUES (?, ?, ?)`, sessionPK, k, sealed); err != nil {
 				return fmt.Errorf("set secrets: %w", err)
 			}
 		}
@@ -34,7 +38,14 @@ func (db *DB) Secrets(ctx context.Context, sessionPK string) (map[string]string,
 		if err := rows.Scan(&k, &v); err != nil {
 			return nil, fmt.Errorf("secrets: %w", err)
 		}
-		out[k] = v
+		if db.keys == nil {
+			return nil, ErrNoKeyring
+		}
+		plain, err := db.keys.Open(v, secretAAD(sessionPK, k))
+		if err != nil {
+			return nil, fmt.Errorf("secrets: %w", err)
+		}
+		out[k] = plain
 	}
 	return out, rows.Err()
 }

@@ -127,6 +127,8 @@ type DB struct {
 	w *sql.DB // single writer connection, BEGIN IMMEDIATE
 	r *sql.DB // read-only pool
 
+	keys *Keyring // seals secrets at rest (SetKeyring)
+
 	audit     *writer[AuditRecord]
 	events    *writer[Event]
 	egress    *writer[egressUse]

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 
 	"sandboxd/runsc/image"
@@ -35,6 +36,11 @@ func main() {
 			usage()
 		}
 		err = orgCreate(os.Args[3:])
+	case "secrets":
+		if len(os.Args) < 3 || os.Args[2] != "rotate-key" {
+			usage()
+		}
+		err = rotateKey(os.Args[3:])
 	case "-h", "--help", "help":
 		usage()
 	default:
@@ -52,7 +58,9 @@ func usage() {
   sandboxd serve [--config FILE] [--listen ADDR] [--data-dir DIR] [--no-image-build]
   sandboxd image [--config FILE]
   sandboxd org create NAME [--data-dir DIR] [--config FILE]
-Environment: SANDBOXD_LISTEN, SANDBOXD_DATA_DIR, SANDBOXD_CONFIG (flags win).
+  sandboxd secrets rotate-key [--data-dir DIR] [--config FILE]   (server stopped)
+Environment: SANDBOXD_LISTEN, SANDBOXD_DATA_DIR, SANDBOXD_CONFIG (flags win);
+SANDBOXD_SECRETS_KEY (base64 of 32 bytes) replaces <data-dir>/secrets.key.
 `)
 	os.Exit(2)
 }
@@ -148,5 +156,42 @@ func orgCreate(args []string) error {
 		return err
 	}
 	fmt.Printf("organization %s (%s) created; owner token (shown once):\n%s\n", name, p.Org.ID, token)
+	return nil
+}
+
+// rotateKey: sandboxd secrets rotate-key. The server must be stopped: the
+// command takes the data directory's lock, as the server does.
+func rotateKey(args []string) error {
+	fs := flag.NewFlagSet("secrets rotate-key", flag.ExitOnError)
+	var o config.Overrides
+	fs.StringVar(&o.ConfigFile, "config", "", "config file (YAML)")
+	fs.StringVar(&o.DataDir, "data-dir", "", "data directory")
+	fs.Usage = func() {
+		fmt.Fprintln(os.Stderr, "usage: sandboxd secrets rotate-key [--data-dir DIR] [--config FILE]\n"+
+			"  gives the data directory a new secrets key (secrets.key) and re-seals every stored secret with it;\n"+
+			"  stop the server first. Interrupted, it leaves every secret readable; run it again to finish.")
+		fs.PrintDefaults()
+	}
+	fs.Parse(args)
+	if os.Getenv("SANDBOXD_SECRETS_KEY") != "" {
+		return errors.New("SANDBOXD_SECRETS_KEY is set: the key comes from the environment; rotate it there (unset it to use the data directory's key file)")
+	}
+	cfg, err := config.Load(o)
+	if err != nil {
+		return err
+	}
+	lock, err := os.OpenFile(filepath.Join(cfg.DataDir, "sandboxd.lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return err
+	}
+	defer lock.Close()
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		return errors.New("the data directory is in use: stop the server first")
+	}
+	n, err := store.RotateKey(context.Background(), cfg.DataDir, config.DBPath(cfg.DataDir))
+	if err != nil {
+		return err
+	}
+	fmt.Printf("new secrets key in %s; %d stored secrets re-sealed with it\n", filepath.Join(cfg.DataDir, store.KeyFile), n)
 	return nil
 }

@@ -67,10 +67,16 @@ func newEnv(t *testing.T, tweak ...func(*config.Config)) *env {
 	for _, f := range tweak {
 		f(cfg)
 	}
-	db, err := store.Open(filepath.Join(t.TempDir(), "sandboxd.db"))
+	dir := t.TempDir()
+	db, err := store.Open(filepath.Join(dir, "sandboxd.db"))
 	if err != nil {
 		t.Fatal(err)
 	}
+	keys, err := store.LoadKeyring(dir, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.SetKeyring(keys)
 	p, _, _, err := db.Bootstrap(context.Background(), "default", "owner")
 	if err != nil {
 		t.Fatal(err)
