@@ -139,7 +139,7 @@ func (s *Server) proxyAPI(c *gin.Context) {
 // lasts), then hands it to the portal. A WebSocket is cut when the token
 // behind it loses access.
 func (s *Server) proxy(w http.ResponseWriter, r *http.Request, p store.Principal, ses *store.Session, call portal.Call, fail func(error)) {
-	cmd, err := s.sessions.Command(r.Context(), *ses, sandbox.Admit{NotRunning: "resume it to use its portal", Use: true})
+	cmd, err := s.sessions.Command(r.Context(), *ses, sandbox.Admit{NotRunning: "resume it to use its portal", Use: true, NoSecrets: true})
 	if err != nil {
 		fail(err)
 		return
@@ -147,7 +147,8 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, p store.Principal
 	defer cmd.End()
 	call.Fail = fail
 	call.Sandbox = portal.Sandbox{PK: ses.ID, ContainerID: ses.ContainerID,
-		Env: cmd.Env(nil), MemoryMiB: ses.MemoryMiB}
+		MemoryMiB: ses.MemoryMiB,
+		Env:       func(ctx context.Context) ([]string, error) { return s.sessions.SessionEnv(ctx, *ses) }}
 	// Any proxied request may outlive its token (a WebSocket, any other
 	// upgrade, a stream, a long download): each is cut once the token no
 	// longer grants access.

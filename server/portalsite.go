@@ -126,7 +126,7 @@ func (s *Server) servePortal(w http.ResponseWriter, r *http.Request, key string)
 		return
 	}
 	wait := serviceWaitAPI
-	if r.Header.Get("Sec-Fetch-Mode") == "navigate" || strings.Contains(r.Header.Get("Accept"), "text/html") {
+	if portal.Navigation(r) {
 		wait = serviceWaitPage
 	}
 	s.proxy(w, r, p, &ses, portal.Call{Target: t, Origin: origin, Wait: wait}, fail)
@@ -243,7 +243,7 @@ func (s *Server) portalError(w http.ResponseWriter, r *http.Request, rid string,
 	} else if pe.Cause() != nil {
 		s.log.Warn("portal request failed", "requestId", rid, "code", code, "err", pe.Cause())
 	}
-	if r.Header.Get("Sec-Fetch-Mode") == "navigate" || strings.Contains(r.Header.Get("Accept"), "text/html") {
+	if portal.Navigation(r) {
 		portal.WritePage(w, status, portal.Page{Title: http.StatusText(status), Message: msg, Detail: "Request id " + rid})
 		return
 	}

@@ -206,7 +206,9 @@ func (db *DB) Reseal(ctx context.Context) (int, error) {
 	n := 0
 	err := db.withTx(ctx, func(tx *sql.Tx) error {
 		for _, c := range sealedColumns {
-			rows, err := tx.QueryContext(ctx, `SELECT rowid, `+c.keys+`, `+c.column+` FROM `+c.table)
+			// Only what is not sealed with the current key (at a start: none).
+			rows, err := tx.QueryContext(ctx, `SELECT rowid, `+c.keys+`, `+c.column+` FROM `+c.table+
+				` WHERE substr(`+c.column+`, 1, ?) != ?`, len(sealPrefix+db.keys.current+":"), sealPrefix+db.keys.current+":")
 			if err != nil {
 				return err
 			}

@@ -26,6 +26,7 @@ type fakeSandbox struct {
 	delay   time.Duration // before a started service listens
 	crash   bool          // started services exit at once
 	procs   []*fakeProc
+	envs    [][]string // the env of each start
 }
 
 func (f *fakeSandbox) DialPort(ctx context.Context, _ string, port int) (net.Conn, error) {
@@ -41,6 +42,7 @@ func (f *fakeSandbox) DialPort(ctx context.Context, _ string, port int) (net.Con
 func (f *fakeSandbox) Start(_ context.Context, _ string, s agent.Spec) (runsc.Process, error) {
 	f.mu.Lock()
 	f.starts[s.Args[0]]++
+	f.envs = append(f.envs, s.Env)
 	crash, delay := f.crash, f.delay
 	f.mu.Unlock()
 	var svc *Service
@@ -127,7 +129,9 @@ func serve(p *Portal, path string, hdr http.Header, wait time.Duration) (*httpte
 		r.Header[k] = v
 	}
 	w := httptest.NewRecorder()
-	p.Serve(w, r, Call{Sandbox: Sandbox{PK: "pk1", ContainerID: "c1", MemoryMiB: 4096}, Target: t, Origin: "http://s1.localhost:8080",
+	p.Serve(w, r, Call{Sandbox: Sandbox{PK: "pk1", ContainerID: "c1", MemoryMiB: 4096,
+		Env: func(context.Context) ([]string, error) { return []string{"SECRET=s"}, nil }},
+		Target: t, Origin: "http://s1.localhost:8080",
 		Wait: wait, Fail: func(err error) { failed = err; w.WriteHeader(599) }})
 	return w, failed
 }
@@ -174,6 +178,11 @@ func TestServiceStartsOnDemandAndRestarts(t *testing.T) {
 	if got := p.Running("pk1"); len(got) != 1 || got[0] != "editor" {
 		t.Errorf("running = %v", got)
 	}
+	f.mu.Lock()
+	if len(f.envs) != 1 || len(f.envs[0]) != 1 || f.envs[0][0] != "SECRET=s" {
+		t.Errorf("env of the start: %v (read once, when the service starts)", f.envs)
+	}
+	f.mu.Unlock()
 	// It crashes: the supervisor starts it again.
 	f.mu.Lock()
 	f.crash = false

@@ -194,7 +194,7 @@ func (p *Portal) Serve(w http.ResponseWriter, r *http.Request, c Call) {
 			if r.Context().Err() != nil {
 				return
 			}
-			if navigation(r) && !c.APIOrigin {
+			if Navigation(r) && !c.APIOrigin {
 				p.startingPage(w, run)
 				return
 			}
@@ -259,8 +259,8 @@ func (p *Portal) waitReady(ctx context.Context, sb Sandbox, run *running, wait t
 	}
 }
 
-// navigation: a browser loading a page (rather than a script fetching).
-func navigation(r *http.Request) bool {
+// Navigation: a browser loading a page (rather than a script fetching).
+func Navigation(r *http.Request) bool {
 	if m := r.Header.Get("Sec-Fetch-Mode"); m != "" {
 		return m == "navigate"
 	}

@@ -38,10 +38,12 @@ type Log interface {
 // Sandbox is the session a request was authorized for, as the portal
 // needs it.
 type Sandbox struct {
-	PK          string   // store key: logs and service state
-	ContainerID string   // runsc container
-	Env         []string // the environment commands get (services too)
-	MemoryMiB   int      // its size's memory limit
+	PK          string // store key: logs and service state
+	ContainerID string // runsc container
+	// Env reads the environment commands get (services too: secrets
+	// included); called only when a service starts, not per request.
+	Env       func(context.Context) ([]string, error)
+	MemoryMiB int // its size's memory limit
 }
 
 // running is one service of one session, supervised by its own goroutine.
@@ -140,11 +142,18 @@ func (p *Portal) supervise(ctx context.Context, sb Sandbox, r *running) {
 // output to the session log until it exits or ctx ends.
 func (p *Portal) runOnce(ctx context.Context, sb Sandbox, r *running) (int, error) {
 	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	var env []string
+	if sb.Env != nil {
+		var err error
+		if env, err = sb.Env(sctx); err != nil {
+			return 0, err
+		}
+	}
 	proc, err := p.starter.Start(sctx, sb.ContainerID, agent.Spec{
-		Args: []string{r.svc.Command}, Env: sb.Env, Cwd: "/workspace",
+		Args: []string{r.svc.Command}, Env: env, Cwd: "/workspace",
 		UID: runsc.UserUID, GID: runsc.UserGID,
 	})
-	cancel()
 	if err != nil {
 		return 0, err
 	}

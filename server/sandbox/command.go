@@ -48,6 +48,10 @@ type Admit struct {
 	// Use counts the command as use for the idle timeout until End,
 	// without a slot (an attached terminal). A slot counts anyway.
 	Use bool
+	// NoSecrets admits without reading the secrets (no Secrets, no
+	// Scrubber): for requests that start nothing themselves (the portal's
+	// proxied requests; a service it starts reads them with SessionEnv).
+	NoSecrets bool
 }
 
 // Command admits a command in a session (as Get returned it) that must be
@@ -56,11 +60,14 @@ func (m *Manager) Command(ctx context.Context, ses store.Session, a Admit) (*Com
 	if ses.Status != store.StatusRunning {
 		return nil, errdefs.Conflict("session is %s; %s", ses.Status, a.NotRunning)
 	}
-	secrets, err := m.db.Secrets(ctx, ses.ID)
-	if err != nil {
-		return nil, err
+	c := &Command{Session: ses}
+	if !a.NoSecrets {
+		secrets, err := m.db.Secrets(ctx, ses.ID)
+		if err != nil {
+			return nil, err
+		}
+		c.Secrets, c.Scrubber = secrets, m.scrub.forSession(ses.ID, secrets)
 	}
-	c := &Command{Session: ses, Secrets: secrets, Scrubber: m.scrub.forSession(ses.ID, secrets)}
 	if a.Slot {
 		end, ok := m.begin(ses.ID, m.lim.MaxExecsPerSession)
 		if !ok {
@@ -118,6 +125,16 @@ func (m *Manager) KillAll(ctx context.Context, ses store.Session) error {
 		return err
 	}
 	return nil
+}
+
+// SessionEnv reads a session's secrets now and returns the environment of
+// its processes (CommandEnv without a request's env).
+func (m *Manager) SessionEnv(ctx context.Context, ses store.Session) ([]string, error) {
+	secrets, err := m.db.Secrets(ctx, ses.ID)
+	if err != nil {
+		return nil, err
+	}
+	return CommandEnv(ses.Env, secrets, nil), nil
 }
 
 // CommandEnv is the environment of a user command: platform defaults, then

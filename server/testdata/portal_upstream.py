@@ -82,7 +82,7 @@ class H(BaseHTTPRequestHandler):
             return self.send(200, body, ctype)
         if p == "/page":
             return self.send(200, b"<!doctype html><title>in the sandbox</title><h1 id=h>Hello from the sandbox</h1>", "text/html")
-        self.send(404, b"not here\n", "text/plain")
+        self.send(404, b"not here on port %d\n" % self.server.server_address[1], "text/plain")
 
     def big(self):
         BIG = "/workspace/big-%d.bin" % self.server.server_address[1]
