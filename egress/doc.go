@@ -13,8 +13,24 @@
 // and the numeric IPv4 forms 2130706433, 0x7f000001, 0177.0.0.1, 127.1 —
 // become their address, and an address is allowed only if a rule names it.
 // A missing port is 80 for requests and 443 for CONNECT. Only http:// is
-// proxied as a request; https goes through CONNECT and the proxy never
-// terminates TLS (no MITM, so nothing to verify or skip). Requests the
+// proxied as a request; https goes through CONNECT and the proxy
+// terminates no TLS, with one exception below.
+//
+// # The paired Git host
+//
+// A session may be paired with one repository of one Git host
+// (SessionOptions.Git). Its CONNECTs to that host:port are allowed by the
+// pairing and terminated: the proxy answers with a certificate of the
+// installation's CA (CA: name-constrained to that host, key on the server
+// only; sandboxes trust it), reads each HTTP/1.1 request, and sends it on
+// its own TLS connection, verified against GitRoots. Requests to the
+// repository's smart-HTTP endpoints (info/refs, git-upload-pack,
+// git-receive-pack) get the credential as HTTP Basic; every other request
+// passes as the sandbox sent it. A receive-pack's ref-update commands are
+// read before anything is forwarded: only updates and creations of the
+// paired branch pass (ReasonGitPush otherwise). The sandbox never holds
+// the credential, so it can use it only through the proxy, only for that
+// repository. Other sessions and other hosts are not terminated. Requests the
 // net/http server cannot parse (e.g. "CONNECT [a.test]:443") are answered
 // 400 by it without an event.
 //

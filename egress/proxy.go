@@ -3,6 +3,7 @@ package egress
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -54,6 +55,11 @@ type Options struct {
 	// it between periodic saves: a crash then forgets at most about one
 	// step. It is called from the data path and must not block.
 	OnUsage func(key string, used int64)
+	// CA signs the certificates of the Git host whose TLS the proxy
+	// terminates for paired sessions (SessionOptions.Git); nil: sessions
+	// are never paired. GitRoots verify that host (nil: system roots).
+	CA       *CA
+	GitRoots *x509.CertPool
 }
 
 const defaultMaxConnsPerSession = 256
@@ -104,6 +110,8 @@ type Proxy struct {
 	maxPerSess  int
 	maxConns    int64
 	onUsage     func(string, int64)
+	ca          *CA
+	gitRoots    *x509.CertPool
 	clients     atomic.Int64 // open client connections, all sessions
 
 	mu        sync.Mutex
@@ -138,6 +146,8 @@ func New(pol *Policy, opts Options) *Proxy {
 		maxPerSess:  opts.MaxConnsPerSession,
 		maxConns:    int64(opts.MaxConns),
 		onUsage:     opts.OnUsage,
+		ca:          opts.CA,
+		gitRoots:    opts.GitRoots,
 	}
 	if p.maxPerSess <= 0 {
 		p.maxPerSess = defaultMaxConnsPerSession
@@ -197,10 +207,16 @@ func (discardLogger) Printf(string, ...any) {}
 // Policy.Narrow. It returns nil when closed, ErrClosed after Shutdown, an
 // error for a session id already being served, or the listener's error.
 func (p *Proxy) ServeWithPolicy(l net.Listener, key string, pol *Policy, used, limit int64) error {
+	return p.serve(l, key, SessionOptions{Policy: pol, Used: used, Limit: limit})
+}
+
+func (p *Proxy) serve(l net.Listener, key string, o SessionOptions) error {
+	pol, used, limit := o.Policy, o.Used, o.Limit
 	if pol == nil {
 		pol = p.pol
 	}
 	s := newSession(p, key, pol, used, limit)
+	s.git = o.Git
 	dt := pol.dialTimeout()
 	if p.dialTimeout > 0 {
 		dt = p.dialTimeout

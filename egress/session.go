@@ -48,6 +48,7 @@ type session struct {
 	steps atomic.Int64
 
 	dial *dialer
+	git  *GitPairing // nil: not paired
 	srv  *http.Server
 	tr   *http.Transport
 

@@ -47,6 +47,11 @@ func (p *Proxy) connect(w http.ResponseWriter, r *http.Request, c *sessConn) {
 		p.refuseRaw(c, http.StatusForbidden, "Egress denied ("+reason+")", reason, denyText(reason, h, 0))
 		return
 	}
+	if p.gitTarget(s, rawHost, port) {
+		// The paired Git host is allowed by the pairing itself.
+		p.gitTunnel(c, src, s)
+		return
+	}
 	host, ip, reason := s.pol.decide(rawHost, port)
 	if reason != "" {
 		if host == "" {

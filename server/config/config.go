@@ -16,9 +16,11 @@ import (
 	"io"
 	"io/fs"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 
 	"gopkg.in/yaml.v3"
@@ -49,6 +51,7 @@ type Config struct {
 	} `yaml:"image"`
 	Limits Limits `yaml:"limits"`
 	Portal Portal `yaml:"portal"`
+	Git    Git    `yaml:"git"`
 
 	EgressOptions struct {
 		// Allowlist file (configs/egress.yaml's format); empty means the
@@ -102,6 +105,69 @@ type Portal struct {
 	FrameAncestors     []string `yaml:"frameAncestors"`
 	ServiceIdleSeconds int      `yaml:"serviceIdleSeconds"`
 }
+
+// Git is the Git host that sessions pair with (configs/sandboxd.yaml
+// documents each key).
+type Git struct {
+	WebURL              string `yaml:"webURL"`
+	APIURL              string `yaml:"apiURL"`
+	CAFile              string `yaml:"caFile"`
+	Username            string `yaml:"username"`
+	CloneTimeoutSeconds int    `yaml:"cloneTimeoutSeconds"`
+	PushTimeoutSeconds  int    `yaml:"pushTimeoutSeconds"`
+}
+
+// WebHost returns the web URL's host (lower case, no port), its port (443
+// when absent) and its path prefix without a trailing slash ("" for none).
+// Valid only after validation.
+func (g *Git) WebHost() (host string, port int, prefix string) {
+	u, _ := url.Parse(g.WebURL)
+	port = 443
+	if p := u.Port(); p != "" {
+		port, _ = strconv.Atoi(p)
+	}
+	return strings.ToLower(u.Hostname()), port, strings.TrimSuffix(u.EscapedPath(), "/")
+}
+
+func (g *Git) validate() []error {
+	var errs []error
+	checkURL := func(key, v string) bool {
+		u, err := url.Parse(v)
+		if err != nil || u.Scheme != "https" || u.Hostname() == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" ||
+			!gitPathRe.MatchString(u.EscapedPath()) || !domainRe.MatchString(strings.ToLower(u.Hostname())) {
+			errs = append(errs, fmt.Errorf("git.%s: must be an https URL of a named host, e.g. https://github.com or https://git.example.com/prefix", key))
+			return false
+		}
+		if p := u.Port(); p != "" {
+			if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+				errs = append(errs, fmt.Errorf("git.%s: bad port", key))
+				return false
+			}
+		}
+		return true
+	}
+	if checkURL("webURL", g.WebURL) {
+		g.WebURL = strings.TrimSuffix(g.WebURL, "/")
+	}
+	if g.APIURL != "" && checkURL("apiURL", g.APIURL) {
+		g.APIURL = strings.TrimSuffix(g.APIURL, "/")
+	}
+	if g.CAFile != "" && !filepath.IsAbs(g.CAFile) {
+		errs = append(errs, errors.New("git.caFile: must be an absolute path"))
+	}
+	if !gitUserRe.MatchString(g.Username) {
+		errs = append(errs, errors.New("git.username: 1-64 of [A-Za-z0-9._-]"))
+	}
+	if g.CloneTimeoutSeconds < 1 || g.PushTimeoutSeconds < 1 {
+		errs = append(errs, errors.New("git.cloneTimeoutSeconds, git.pushTimeoutSeconds: must be 1 or more"))
+	}
+	return errs
+}
+
+var (
+	gitPathRe = regexp.MustCompile(`^(/[A-Za-z0-9._~-]+)*/?$`)
+	gitUserRe = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
+)
 
 // Overrides are values from flags and environment; empty means "not set".
 type Overrides struct {
@@ -219,6 +285,7 @@ func (c *Config) validate() error {
 		}
 	}
 	errs = append(errs, c.Portal.validate()...)
+	errs = append(errs, c.Git.validate()...)
 	l := c.Limits
 	if l.MaxBodyBytes < 1024 || l.ExecOutputBytes < 1024 || l.ExecDefaultTimeoutMs < 1 ||
 		l.ExecMaxTimeoutMs < l.ExecDefaultTimeoutMs || l.MaxSandboxes < 1 || l.MaxSandboxesPerOrg < 1 ||
