@@ -207,7 +207,7 @@ func TestCheckPush(t *testing.T) {
 		"delete":       pkt(a+" "+z+" refs/heads/main\x00caps\n") + "0000",
 		"tag":          pkt(z+" "+b+" refs/tags/main\x00caps\n") + "0000",
 		"no commands":  "0000",
-		"truncated":    pkt(a+" "+b+" refs/heads/main\n")[:20],
+		"truncated":    pkt(a + " " + b + " refs/heads/main\n")[:20],
 		"bad length":   "zzzz",
 		"push cert":    pkt("push-cert\x00caps\n") + "0000",
 	} {
