@@ -27,6 +27,7 @@ func (r *Runtime) paths(id string) sandboxPaths {
 		Workspace: filepath.Join(d, "disk", "workspace"),
 		Tmp:       filepath.Join(d, "disk", "tmp"),
 		Agent:     r.cfg.Agent,
+		Trust:     r.cfg.TrustBundle,
 		Run:       filepath.Join(d, "run"),
 		Netns:     netnsPath(id),
 	}

@@ -42,6 +42,10 @@ type Config struct {
 	Prefix string
 	// Platform is runsc's --platform (default systrap).
 	Platform string
+	// TrustBundle, if set, is a host PEM file mounted read-only over the
+	// sandbox's system trust store (/etc/ssl/certs/ca-certificates.crt):
+	// the image's roots plus the installation's Git host CA.
+	TrustBundle string
 	// Debug writes runsc debug logs under each sandbox's logs/ directory.
 	Debug bool
 	// Logger receives component logs; nil means slog.Default().

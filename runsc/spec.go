@@ -47,6 +47,7 @@ type sandboxPaths struct {
 	Workspace string // disk/workspace
 	Tmp       string // disk/tmp
 	Agent     string
+	Trust     string // TrustBundle; "" for none
 	Run       string // host side of runDir
 	Netns     string
 }
@@ -62,7 +63,7 @@ func BuildSpec(sb Sandbox, p sandboxPaths, cgroupsPath string, cpus []int) *spec
 	// cgroup (v1), and v2 inherits it.
 	cpu := &specs.LinuxCPU{Quota: &quota, Period: &period, Cpus: formatCPUList(cpus)}
 	nproc := uint64(sb.Limits.Processes)
-	return &specs.Spec{
+	spec := &specs.Spec{
 		Version: specs.Version,
 		Process: &specs.Process{
 			User: specs.User{UID: 0, GID: 0},
@@ -112,7 +113,15 @@ func BuildSpec(sb Sandbox, p sandboxPaths, cgroupsPath string, cpus []int) *spec
 			ReadonlyPaths: []string{"/proc/sys", "/proc/sysrq-trigger"},
 		},
 	}
+	if p.Trust != "" {
+		spec.Mounts = append(spec.Mounts, specs.Mount{Destination: TrustStore, Type: "bind", Source: p.Trust, Options: []string{"rbind", "ro"}})
+	}
+	return spec
 }
+
+// TrustStore is the sandbox's system roots (Debian's bundle, which git,
+// curl, Python and apt read); TrustBundle is mounted over it.
+const TrustStore = "/etc/ssl/certs/ca-certificates.crt"
 
 // initCaps is what PID 1 (the agent) keeps; user commands get none.
 var initCaps = []string{"CAP_KILL", "CAP_SETUID", "CAP_SETGID", "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER"}

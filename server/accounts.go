@@ -53,6 +53,10 @@ func (s *Server) connectGitHub(c *gin.Context) {
 		s.writeError(c, badRequest("token: required, 1-%d printable characters without spaces", maxGitToken))
 		return
 	}
+	if err := s.checkGitToken(c.Request.Context(), req.Token); err != nil {
+		s.writeError(c, err)
+		return
+	}
 	at, err := s.db.SetGitToken(c.Request.Context(), principal(c).User.ID, req.Token)
 	if err != nil {
 		s.writeError(c, err)

@@ -42,6 +42,7 @@ var classes = []struct {
 	{errdefs.ErrConflict, http.StatusConflict, "conflict"},
 	{errdefs.ErrPrecondition, http.StatusPreconditionFailed, "precondition_failed"},
 	{errdefs.ErrTooLarge, http.StatusRequestEntityTooLarge, "too_large"},
+	{errdefs.ErrUnprocessable, http.StatusUnprocessableEntity, "unprocessable"},
 	{errdefs.ErrRateLimited, http.StatusTooManyRequests, "rate_limited"},
 	{errdefs.ErrNoSpace, http.StatusInsufficientStorage, "insufficient_storage"},
 	{errdefs.ErrUnavailable, http.StatusServiceUnavailable, "unavailable"},

@@ -5,17 +5,23 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"sandboxd/egress/gittest"
+	"sandboxd/server/config"
 )
 
 // The caller's Git credential: connected write-only, sealed at rest,
 // audited without the value, removable; provisioning with a repository
 // needs it.
 func TestAPIGitHubCredential(t *testing.T) {
-	e := newAPIEnv(t)
 	const secret = "ghp_0123456789abcdefghijklmnopqrstuvwxyzAB"
+	gs := gittest.New(t, "localhost")
+	gs.Grant(secret, "octo/repo")
+	e := newAPIEnv(t, gitHostConfig(t, gs, gs.URL()))
 	type me struct {
 		GitHub struct {
 			Connected   bool
@@ -29,6 +35,8 @@ func TestAPIGitHubCredential(t *testing.T) {
 		map[string]any{"token": strings.Repeat("x", 1025)}, map[string]any{"token": 5}, map[string]any{"token": "x", "extra": 1}} {
 		apiError(t, e.do("PUT", "/v1/me/github", e.token, bad), http.StatusBadRequest, "invalid_request")
 	}
+	// The Git host's API is asked whether it knows the credential.
+	apiError(t, e.do("PUT", "/v1/me/github", e.token, map[string]any{"token": "ghp_unknown"}), http.StatusBadRequest, "invalid_request")
 	rec := e.do("PUT", "/v1/me/github", e.token, map[string]any{"token": secret})
 	if rec.Code != http.StatusOK || strings.Contains(rec.Body.String(), secret) {
 		t.Fatalf("connect: %d %s", rec.Code, rec.Body)
@@ -40,12 +48,19 @@ func TestAPIGitHubCredential(t *testing.T) {
 	if tok, err := e.db.GitToken(context.Background(), e.owner.User.ID); err != nil || tok != secret {
 		t.Fatalf("stored: %q %v", tok, err)
 	}
-	// Connected, the repository is no longer refused for want of it (the
-	// clone itself is the next step of issue 11: 503, nothing provisioned).
-	rec = e.do("POST", "/v1/sandbox", e.token, map[string]any{"sessionId": "gh-2", "gitRepo": "octo/repo"})
-	apiError(t, rec, http.StatusServiceUnavailable, "unavailable")
-	if c := e.rt.CallsWith("create"); len(c) != 0 {
-		t.Errorf("Create called: %v", c)
+	// Connected, the repository is cloned in the sandbox, by git, from the
+	// configured host, never with the credential on its command line.
+	e.provision(e.token, map[string]any{"sessionId": "gh-2", "gitRepo": "octo/repo"})
+	cloned := false
+	for _, x := range e.rt.Execs {
+		line := strings.Join(x.Args, " ")
+		if strings.Contains(line+strings.Join(x.Env, " "), secret) {
+			t.Fatalf("the credential was given to the sandbox: %q", line)
+		}
+		cloned = cloned || strings.HasPrefix(line, "git -c credential.helper= clone --quiet -- "+gs.URL()+"/octo/repo.git /workspace/repo")
+	}
+	if !cloned {
+		t.Errorf("no clone: %+v", e.rt.Execs)
 	}
 	e.s.db.FlushAudit(context.Background())
 	audit := e.do("GET", "/v1/audit?action=me.github_connect", e.token, nil).Body.String()
@@ -60,11 +75,27 @@ func TestAPIGitHubCredential(t *testing.T) {
 		http.StatusPreconditionFailed, "github_not_connected")
 }
 
+// gitHostConfig points the Git host at gs (web at webURL, API by
+// localhost, whose name the host resolves).
+func gitHostConfig(t testing.TB, gs *gittest.Server, webURL string) func(*config.Config) {
+	ca := filepath.Join(t.TempDir(), "git-ca.pem")
+	if err := os.WriteFile(ca, gs.CAPEM, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return func(c *config.Config) {
+		c.Git.WebURL = webURL
+		c.Git.APIURL = "https://localhost:" + strconv.Itoa(gs.Port) + "/api/v3"
+		c.Git.CAFile = ca
+	}
+}
+
 // Session secrets and the credential are sealed: the database files alone
 // show neither.
 func TestSecretsSealedInTheDatabase(t *testing.T) {
-	e := newAPIEnv(t)
 	const secret, cred = "sekrit-value-4242-zz", "ghp_credential_zzzz_0000"
+	gs := gittest.New(t, "localhost")
+	gs.Grant(cred, "octo/repo")
+	e := newAPIEnv(t, gitHostConfig(t, gs, gs.URL()))
 	e.provision(e.token, map[string]any{"sessionId": "sealed-1", "secrets": map[string]string{"TOKEN": secret}})
 	e.do("PUT", "/v1/me/github", e.token, map[string]any{"token": cred})
 	e.s.Close()

@@ -90,10 +90,6 @@ func (s *Server) provision(c *gin.Context) {
 			s.writeError(c, errdefs.New(errdefs.ErrPrecondition, "gitRepo needs a connected GitHub credential (PUT /v1/me/github); nothing was provisioned").WithCode("github_not_connected"))
 			return
 		}
-		// The clone itself (issue 11) is not built yet: say so rather than
-		// provision without the repository.
-		s.writeError(c, errdefs.Unavailable("cloning a repository at provision is not available on this server yet; nothing was provisioned"))
-		return
 	}
 	idle := 0
 	if req.IdleTimeoutSeconds != nil {
@@ -176,17 +172,29 @@ func (s *Server) teardown(c *gin.Context) {
 	}
 	auditDetail(c, "workspaceBytes", res.WorkspaceBytes)
 	obj := s.sandboxJSON(c.Request, &ses)
-	// gitPushed and gitError are placeholders of the contract until git
-	// pairing lands.
-	obj.Teardown = &teardownResult{WorkspaceBytes: res.WorkspaceBytes}
+	obj.Teardown = &teardownResult{WorkspaceBytes: res.WorkspaceBytes, GitCommits: []string{}}
+	if g := res.Git; g != nil {
+		obj.Teardown.GitPushed, obj.Teardown.GitCommits = g.Pushed, g.Commits
+		if g.Commits == nil {
+			obj.Teardown.GitCommits = []string{}
+		}
+		if g.Error != "" {
+			obj.Teardown.GitError = &g.Error
+		}
+		auditDetail(c, "gitPushed", g.Pushed)
+		auditDetail(c, "gitCommits", len(g.Commits))
+	}
 	c.JSON(http.StatusOK, obj)
 }
 
-// teardownResult is the contract's teardown report.
+// teardownResult is the contract's teardown report. gitError is a class
+// (sandbox.Git*), null when the push went out or the session is not paired;
+// gitCommits are the paired branch's commits pushed (or that were to be).
 type teardownResult struct {
-	WorkspaceBytes int64   `json:"workspaceBytes"`
-	GitPushed      bool    `json:"gitPushed"`
-	GitError       *string `json:"gitError"`
+	WorkspaceBytes int64    `json:"workspaceBytes"`
+	GitPushed      bool     `json:"gitPushed"`
+	GitCommits     []string `json:"gitCommits"`
+	GitError       *string  `json:"gitError"`
 }
 
 // resume: POST /v1/sandbox/:sessionId/resume (sandbox.Manager.Resume).

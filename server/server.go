@@ -14,6 +14,7 @@ package server
 import (
 	"context"
 	"crypto/rand"
+	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -64,6 +65,7 @@ type Server struct {
 	db       *store.DB
 	rt       Runtime
 	log      *slog.Logger
+	gitRoots *x509.CertPool // what the Git host's API must chain to
 	engine   *gin.Engine
 	sessions *sandbox.Manager
 	met      *metrics
@@ -170,7 +172,9 @@ func New(ctx context.Context, cfg *config.Config, out io.Writer) (*Server, error
 		Prefix:   config.ResourcePrefix(cfg.DataDir),
 		Platform: cfg.Runsc.Platform,
 		Debug:    cfg.Runsc.Debug,
-		Logger:   log,
+		// Written by newServer before any sandbox starts.
+		TrustBundle: config.TrustBundlePath(cfg.DataDir),
+		Logger:      log,
 	})
 	if err != nil {
 		return nil, err
@@ -220,12 +224,17 @@ func newServer(cfg *config.Config, db *store.DB, rt Runtime, img string, log *sl
 		s.log.Warn("open-file limit too low for limits.maxSandboxes: egress connections are not guaranteed per session",
 			"maxSandboxes", cfg.Limits.MaxSandboxes, "proxyConnections", total)
 	}
+	ca, roots, gitHost, err := gitSetup(cfg, img)
+	if err != nil {
+		return nil, err
+	}
+	s.gitRoots = roots
 	s.egress = egress.New(pol, egress.Options{Events: sandbox.EgressEvents(s.logs, db, s.log), Registerer: s.met.reg,
 		Resolver: cfg.EgressResolver, Logger: s.log.With("component", "egress"), MaxConnsPerSession: perSession,
-		MaxConns: total, OnUsage: db.NoteEgressUsed})
+		MaxConns: total, OnUsage: db.NoteEgressUsed, CA: ca, GitRoots: roots})
 	s.sessions = sandbox.New(sandbox.Options{
 		Limits: cfg.Limits, DataDir: cfg.DataDir, Image: img, Runtime: rt, Store: db, Egress: s.egress,
-		Policy: pol, Events: s.logs, Hooks: sessionHooks{s}, Rules: rules, Log: s.log,
+		Policy: pol, Events: s.logs, Hooks: sessionHooks{s}, Rules: rules, Git: gitHost, Log: s.log,
 	})
 	if s.keys, err = portal.LoadKey(filepath.Join(cfg.DataDir, "portal.key")); err != nil {
 		return nil, err

@@ -75,7 +75,7 @@ func realConfig(t testing.TB) *config.Config {
 // prefix and fails if anything had to be collected that is not a sandbox
 // dir: netns, mounts, cgroups and runsc containers must all be gone.
 func assertNoLeftovers(t testing.TB, cfg *config.Config) {
-	rt, err := runsc.New(runsc.Config{Binary: cfg.Runsc.Binary, Agent: cfg.Runsc.Agent, StateDir: cfg.DataDir, Prefix: config.ResourcePrefix(cfg.DataDir)})
+	rt, err := runsc.New(runsc.Config{Binary: cfg.Runsc.Binary, Agent: cfg.Runsc.Agent, StateDir: cfg.DataDir, Prefix: config.ResourcePrefix(cfg.DataDir), TrustBundle: config.TrustBundlePath(cfg.DataDir)})
 	if err != nil {
 		t.Error(err)
 		return

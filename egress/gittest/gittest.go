@@ -54,7 +54,8 @@ type Request struct {
 	Token               string // the Basic password or Bearer token; "" when none
 }
 
-// New starts a server for host; it stops when the test ends.
+// New starts a server for host (its certificate also names localhost);
+// it stops when the test ends.
 func New(t testing.TB, host string) *Server {
 	t.Helper()
 	exe, err := exec.Command("git", "--exec-path").Output()
@@ -201,7 +202,7 @@ func certFor(t testing.TB, host string) (tls.Certificate, []byte) {
 	}
 	caCert, _ := x509.ParseCertificate(caDER)
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	leaf := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: host}, DNSNames: []string{host},
+	leaf := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: host}, DNSNames: []string{host, "localhost"},
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
 		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
 	der, err := x509.CreateCertificate(rand.Reader, leaf, caCert, &key.PublicKey, caKey)

@@ -364,6 +364,10 @@ func (c *Config) ImageRecipe() (image.Recipe, error) {
 // DBPath is the SQLite file inside a data directory.
 func DBPath(dataDir string) string { return filepath.Join(dataDir, "sandboxd.db") }
 
+// TrustBundlePath is the PEM bundle sandboxes trust (the image's roots and
+// the installation's Git host CA), mounted over their system roots.
+func TrustBundlePath(dataDir string) string { return filepath.Join(dataDir, "git-ca", "trust.pem") }
+
 // ResourcePrefix names every host resource of the server with this data
 // directory, so servers with different data directories never collide.
 func ResourcePrefix(dataDir string) string {

@@ -22,6 +22,7 @@ var (
 	ErrMethod          = errors.New("method not allowed")   // 405
 	ErrConflict        = errors.New("conflict")             // wrong state, or already used (409)
 	ErrPrecondition    = errors.New("precondition failed")  // a prerequisite is missing (412)
+	ErrUnprocessable   = errors.New("unprocessable")        // understood, but it could not be done with this input (422)
 	ErrTooLarge        = errors.New("too large")            // a body over its limit (413)
 	ErrRateLimited     = errors.New("rate limited")         // too many at once (429)
 	ErrNoSpace         = errors.New("insufficient storage") // a sandbox's disk is full (507)

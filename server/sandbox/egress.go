@@ -18,11 +18,11 @@ func (m *Manager) startEgress(ses *store.Session) error {
 	if err != nil {
 		return err
 	}
-	pol := m.policy.ForProject(ses.ProjectID)
-	used, limit := ses.EgressBytesUsed, ses.EgressBytesLimit
+	o := egress.SessionOptions{Policy: m.policy.ForProject(ses.ProjectID), Used: ses.EgressBytesUsed,
+		Limit: ses.EgressBytesLimit, Git: m.pairing(ses)}
 	// Owned by the proxy: it returns when Close(pk) closes the listener.
 	go func() {
-		if err := m.egress.ServeWithPolicy(l, ses.ID, pol, used, limit); err != nil {
+		if err := m.egress.Serve(l, ses.ID, o); err != nil {
 			m.log.Debug("egress listener ended", "session", ses.SessionID, "err", err)
 		}
 	}()

@@ -236,6 +236,9 @@ func (m *Manager) Provision(ctx context.Context, p store.Principal, spec Spec) (
 	m.scrub.forSession(ses.ID, spec.Secrets) // what startLocked uses, without reading them back
 	undo.push(func() { m.scrub.forget(ses.ID) })
 	if err := m.startLocked(ctx, ses, z, false, &undo); err != nil {
+		if errors.Is(err, errdefs.ErrUnprocessable) {
+			return store.Session{}, err // the clone failed: the client's to fix
+		}
 		m.log.Error("provision failed", "session", ses.SessionID, "container", ses.ContainerID, "err", err)
 		return store.Session{}, errdefs.Unavailable("the sandbox could not be started; nothing was kept, retry with the same sessionId")
 	}
@@ -397,6 +400,11 @@ func (m *Manager) startLocked(ctx context.Context, ses *store.Session, z config.
 		return fmt.Errorf("egress listener: %w", err)
 	}
 	undo.push(func() { m.egress.Close(ses.ID) })
+	if !resumed && ses.GitRepo != "" {
+		if err := m.cloneLocked(cctx, ses); err != nil {
+			return err
+		}
+	}
 	if err := m.setStatusLocked(cctx, ses, store.StatusRunning, ""); err != nil {
 		return err
 	}
@@ -416,6 +424,7 @@ func (m *Manager) stopLocked(ses *store.Session) {
 // Teardown is what a teardown did.
 type Teardown struct {
 	WorkspaceBytes int64
+	Git            *GitResult // nil: not paired
 }
 
 // Teardown stops a session's sandbox and releases its compute, keeping its
@@ -439,8 +448,8 @@ func (m *Manager) teardownLocked(ctx context.Context, ses *store.Session) (Teard
 	default:
 		return res, errdefs.Conflict("session is %s; only a running or failed session can be torn down", ses.Status)
 	}
+	wasLive := ses.Status == store.StatusRunning
 	if ses.Status != store.StatusStopping {
-		wasLive := ses.Status == store.StatusRunning
 		if err := m.setStatusLocked(ctx, ses, store.StatusStopping, ses.StatusReason); err != nil {
 			return res, err
 		}
@@ -448,6 +457,9 @@ func (m *Manager) teardownLocked(ctx context.Context, ses *store.Session) (Teard
 			m.release(ses.OrgID, ses.MemoryMiB) // a stopping session holds no capacity
 		}
 	}
+	// The paired branch's commits go out first, while the sandbox (and its
+	// egress listener) still run; a failed push keeps everything.
+	res.Git = m.pushLocked(ctx, ses, wasLive)
 	m.stopLocked(ses)
 	if dir, release, err := m.rt.OpenWorkspace(ses.ContainerID, false); err == nil {
 		res.WorkspaceBytes = workspace.DiskUsage(dir)

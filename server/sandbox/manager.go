@@ -68,13 +68,14 @@ type Store interface {
 	Secrets(ctx context.Context, pk string) (map[string]string, error)
 	SetEgressUsed(ctx context.Context, pk string, used int64) error
 	GetProject(ctx context.Context, orgID, projectID string) (store.Project, error)
+	GitToken(ctx context.Context, userID string) (string, error)
 	Audit(rec store.AuditRecord)
 }
 
 // Egress is what the Manager needs from the egress proxy (egress.Proxy):
 // one listener per running session, inside that sandbox's proxy namespace.
 type Egress interface {
-	ServeWithPolicy(l net.Listener, pk string, pol *egress.Policy, used, limit int64) error
+	Serve(l net.Listener, pk string, o egress.SessionOptions) error
 	Close(pk string)
 	Usage(pk string) (used, limit int64, ok bool)
 	Destinations(pk string) map[string]egress.Dest
@@ -112,7 +113,9 @@ type Options struct {
 	Hooks   Hooks
 	// Rules is the scrubber's pattern set; each session's adds its secrets.
 	Rules *scrub.Set
-	Log   *slog.Logger
+	// Git is the host paired repositories live on (zero: none).
+	Git GitHost
+	Log *slog.Logger
 	// Now is the clock (tests set it); nil means time.Now().UTC().
 	Now func() time.Time
 }
@@ -129,6 +132,7 @@ type Manager struct {
 	events Events
 	hooks  Hooks
 	scrub  *scrubbers
+	git    GitHost
 	log    *slog.Logger
 	now    func() time.Time
 
@@ -149,7 +153,7 @@ type Manager struct {
 // New returns a Manager; call Reconcile, then StartMonitor.
 func New(o Options) *Manager {
 	m := &Manager{lim: o.Limits, data: o.DataDir, image: o.Image, rt: o.Runtime, db: o.Store, egress: o.Egress,
-		policy: o.Policy, events: o.Events, hooks: o.Hooks, log: o.Log, now: o.Now,
+		policy: o.Policy, events: o.Events, hooks: o.Hooks, log: o.Log, now: o.Now, git: o.Git,
 		scrub: &scrubbers{base: o.Rules}, locks: map[string]*sessionLock{}, perOrg: map[string]int{},
 		activity: map[string]*activity{}, done: make(chan struct{})}
 	if m.now == nil {
