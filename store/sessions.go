@@ -186,11 +186,11 @@ func (db *DB) UpdateSession(ctx context.Context, s *Session) error {
 	res, err := db.w.ExecContext(ctx, `UPDATE sessions SET
 		container_id = ?, status = ?, status_reason = ?, size = ?, vcpus = ?, memory_mib = ?, disk_mib = ?, pids = ?,
 		credits_per_hour = ?, idle_timeout_seconds = ?, egress_bytes_used = MAX(egress_bytes_used, ?), egress_bytes_limit = ?, credits_used = ?,
-		started_at = ?, stopped_at = ?, updated_at = ?
+		started_at = ?, stopped_at = ?, updated_at = ?, git_branch = ?
 		WHERE id = ?`,
 		s.ContainerID, s.Status, s.StatusReason, s.Size, s.VCPUs, s.MemoryMiB, s.DiskMiB, s.Pids,
 		s.CreditsPerHour, s.IdleTimeoutSeconds, s.EgressBytesUsed, s.EgressBytesLimit, s.CreditsUsed,
-		nullTS(s.StartedAt), nullTS(s.StoppedAt), ts(s.UpdatedAt), s.ID)
+		nullTS(s.StartedAt), nullTS(s.StoppedAt), ts(s.UpdatedAt), s.GitBranch, s.ID)
 	if err == nil {
 		err = mustAffect(res)
 	}

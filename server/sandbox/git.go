@@ -113,6 +113,8 @@ func (m *Manager) cloneLocked(ctx context.Context, ses *store.Session) error {
 		class = GitTimeout
 	case res.ExitCode != 0:
 		class = classifyGit(stderr)
+		// Operators may read git's words (the server's log is scrubbed).
+		m.log.Info("git clone failed", "session", ses.SessionID, "class", class, "stderr", firstLine(stderr))
 	}
 	if class != "" {
 		m.events.Event(ses.ID, "git_clone_failed", map[string]any{"class": class})
@@ -152,8 +154,9 @@ func (m *Manager) pushLocked(ctx context.Context, ses *store.Session, live bool)
 	}
 	dir, branch := RepoDir(ses.GitRepo), ses.GitBranch
 	local, remote := "refs/heads/"+branch, "refs/remotes/origin/"+branch
-	out, _, er, err := m.gitRun(ctx, ses, time.Minute, "-C", dir, "rev-list", "--max-count=1000", remote+".."+local, "--")
+	out, stderr, er, err := m.gitRun(ctx, ses, time.Minute, "-C", dir, "rev-list", "--max-count=1000", remote+".."+local, "--")
 	if err != nil || er.ExitCode != 0 || branch == "" {
+		m.log.Info("git push: no branch to push", "session", ses.SessionID, "err", err, "stderr", firstLine(stderr))
 		res.Error = GitNoRepository
 		return res
 	}
@@ -165,7 +168,7 @@ func (m *Manager) pushLocked(ctx context.Context, ses *store.Session, live bool)
 	// To the paired repository by URL (whatever origin now says), hooks
 	// off: a teardown runs no code the sandbox left for it.
 	url := m.git.WebURL + "/" + ses.GitRepo + ".git"
-	_, stderr, er, err := m.gitRun(ctx, ses, m.git.PushTimeout, "-C", dir, "-c", "core.hooksPath=/dev/null", "-c", "credential.helper=",
+	_, stderr, er, err = m.gitRun(ctx, ses, m.git.PushTimeout, "-C", dir, "-c", "core.hooksPath=/dev/null", "-c", "credential.helper=",
 		"push", "--porcelain", "--", url, local+":"+local)
 	switch {
 	case err != nil:
@@ -212,6 +215,14 @@ func classifyGit(stderr string) string {
 		return GitNoAccess
 	}
 	return GitOther
+}
+
+func firstLine(s string) string {
+	s = strings.TrimSpace(s)
+	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
+		s = s[i+1:] // git's last line is its verdict
+	}
+	return s[:min(len(s), 300)]
 }
 
 // gitAdvice says what a client can do about a class.
