@@ -175,16 +175,18 @@ func (s *Server) teardown(c *gin.Context) {
 		return
 	}
 	auditDetail(c, "workspaceBytes", res.WorkspaceBytes)
+	auditDetail(c, "savedBytes", res.SavedBytes)
 	obj := s.sandboxJSON(c.Request, &ses)
 	// gitPushed and gitError are placeholders of the contract until git
 	// pairing lands.
-	obj.Teardown = &teardownResult{WorkspaceBytes: res.WorkspaceBytes}
+	obj.Teardown = &teardownResult{WorkspaceBytes: res.WorkspaceBytes, SavedBytes: res.SavedBytes}
 	c.JSON(http.StatusOK, obj)
 }
 
 // teardownResult is the contract's teardown report.
 type teardownResult struct {
 	WorkspaceBytes int64   `json:"workspaceBytes"`
+	SavedBytes     int64   `json:"savedBytes"`
 	GitPushed      bool    `json:"gitPushed"`
 	GitError       *string `json:"gitError"`
 }
@@ -236,7 +238,14 @@ type sandboxObject struct {
 	Egress        egressUsage       `json:"egress"`
 	Credits       creditUsage       `json:"credits"`
 	URLs          map[string]string `json:"urls"`
+	Storage       storageUsage      `json:"storage"`
 	Teardown      *teardownResult   `json:"teardown,omitempty"`
+}
+
+// storageUsage is the session's save in its organization's storage.
+type storageUsage struct {
+	SavedBytes int64      `json:"savedBytes"`
+	SavedAt    *time.Time `json:"savedAt"`
 }
 
 type resources struct {
@@ -277,6 +286,7 @@ func (s *Server) sandboxJSON(r *http.Request, ses *store.Session) sandboxObject 
 		Egress:  egressUsage{BytesUsed: ses.EgressBytesUsed, BytesLimit: ses.EgressBytesLimit},
 		Credits: creditUsage{Used: sandbox.CreditsUsed(ses, time.Now().UTC())},
 		URLs:    s.sandboxURLs(r, ses),
+		Storage: storageUsage{SavedBytes: ses.Saved.Bytes, SavedAt: ses.Saved.At},
 	}
 }
 
