@@ -151,7 +151,7 @@ type Manager struct {
 	perOrg   map[string]int
 	memUsed  int
 	memMax   int
-	activity map[string]*activity // by pk: commands running, last use
+	activity map[string]*activity   // by pk: commands running, last use
 	orgSaves map[string]*sync.Mutex // by org: held while one of its sessions saves
 
 	done chan struct{}
