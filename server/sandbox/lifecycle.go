@@ -296,6 +296,7 @@ func (m *Manager) Resume(ctx context.Context, orgID, sessionID string) (_ store.
 		m.log.Error("restore failed", "session", ses.SessionID, "err", err)
 		return store.Session{}, errdefs.Unavailable("the session's saved workspace could not be restored; the session stays stopped, retry the resume")
 	}
+	m.hang("restore-done")
 	if err := m.startLocked(ctx, ses, sizeOf(ses), true, &undo); err != nil {
 		m.log.Error("resume failed", "session", ses.SessionID, "container", ses.ContainerID, "err", err)
 		return store.Session{}, errdefs.Unavailable("the sandbox could not be started; the session is stopped with its workspace kept, retry the resume")
@@ -466,11 +467,12 @@ func (m *Manager) stopSessionLocked(ctx context.Context, ses *store.Session, sav
 	save = save && m.saving()
 	if save {
 		if err := m.saveLocked(ctx, ses, prev == store.StatusRunning); err != nil {
-			m.log.Error("save", "session", ses.SessionID, "err", err)
 			m.undoStoppingLocked(ctx, ses, prev)
 			if _, ok := errdefs.Public(err); ok {
+				m.log.Warn("save refused", "session", ses.SessionID, "err", err)
 				return res, err
 			}
+			m.log.Error("save", "session", ses.SessionID, "err", err)
 			return res, errdefs.Unavailable("the session could not be saved; it keeps its data, retry the teardown")
 		}
 		res.SavedBytes = ses.Saved.Bytes
@@ -492,6 +494,7 @@ func (m *Manager) stopSessionLocked(ctx context.Context, ses *store.Session, sav
 		return res, errdefs.Unavailable("the sandbox could not be stopped completely; retry the teardown")
 	}
 	if save {
+		m.hang("save-destroyed")
 		m.finishSaveLocked(dctx, ses)
 	}
 	m.events.Event(ses.ID, "stopped", map[string]any{"workspaceBytes": res.WorkspaceBytes, "savedBytes": res.SavedBytes})

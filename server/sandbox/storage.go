@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -77,6 +79,36 @@ func (m *Manager) orgSaveLock(org string) *sync.Mutex {
 	return l
 }
 
+// hangAt is a test hook (SANDBOXD_TEST_HANG_AT, read at start): at the
+// named step of a save or restore the operation writes
+// <data-dir>/hang-<step> and blocks for good, so a test can kill -9 the
+// server exactly there. Steps: save-frozen, save-writing, save-recorded,
+// save-destroyed, restore-reading, restore-done. Empty in production.
+var hangAt = os.Getenv("SANDBOXD_TEST_HANG_AT")
+
+func (m *Manager) hang(step string) {
+	if hangAt != step {
+		return
+	}
+	os.WriteFile(filepath.Join(m.data, "hang-"+step), nil, 0o600)
+	select {} // the test kills the process
+}
+
+// hangReader calls hang(step) once more than 1 MiB has passed.
+type hangReader struct {
+	r    io.Reader
+	n    int64
+	hang func()
+}
+
+func (h *hangReader) Read(p []byte) (int, error) {
+	n, err := h.r.Read(p)
+	if h.n += int64(n); h.n > 1<<20 && hangAt != "" {
+		h.hang()
+	}
+	return n, err
+}
+
 var errQuota = errors.New("storage quota reached")
 
 // quotaReader fails with errQuota once more than left bytes pass (left < 0:
@@ -121,6 +153,7 @@ func (m *Manager) saveLocked(ctx context.Context, ses *store.Session, live bool)
 		if err := m.disks.Freeze(ctx, ses.ContainerID); err != nil {
 			return fmt.Errorf("freeze: %w", err)
 		}
+		m.hang("save-frozen")
 	}
 	mu := m.orgSaveLock(ses.OrgID)
 	mu.Lock()
@@ -149,7 +182,11 @@ func (m *Manager) saveLocked(ctx context.Context, ses *store.Session, live bool)
 		pw.CloseWithError(err)
 		packed <- st
 	}()
-	info, err := m.storage.Put(ctx, ses.OrgID, name, &quotaReader{r: pr, left: left})
+	src := io.Reader(&quotaReader{r: pr, left: left})
+	if hangAt != "" {
+		src = &hangReader{r: src, hang: func() { m.hang("save-writing") }}
+	}
+	info, err := m.storage.Put(ctx, ses.OrgID, name, src)
 	pr.CloseWithError(errors.New("save aborted"))
 	st := <-packed
 	if errors.Is(err, errQuota) {
@@ -170,6 +207,7 @@ func (m *Manager) saveLocked(ctx context.Context, ses *store.Session, live bool)
 		return err
 	}
 	ses.Saved = sv
+	m.hang("save-recorded")
 	m.events.Event(ses.ID, "saved", map[string]any{"bytes": info.Size, "files": st.Files, "dataBytes": st.Bytes,
 		"generation": gen, "ms": time.Since(start).Milliseconds()})
 	return nil
@@ -214,7 +252,11 @@ func (m *Manager) prepareDiskLocked(ctx context.Context, ses *store.Session) err
 	if info.SHA256 != ses.Saved.SHA256 {
 		return fmt.Errorf("save %s: checksum %s, recorded %s", ses.Saved.Object, info.SHA256, ses.Saved.SHA256)
 	}
-	st, err := m.disks.RestoreDisk(ctx, ses.ContainerID, int64(ses.DiskMiB), rc, ses.Saved.SHA256)
+	src := io.Reader(rc)
+	if hangAt != "" {
+		src = &hangReader{r: src, hang: func() { m.hang("restore-reading") }}
+	}
+	st, err := m.disks.RestoreDisk(ctx, ses.ContainerID, int64(ses.DiskMiB), src, ses.Saved.SHA256)
 	if err != nil {
 		m.events.Event(ses.ID, "restore_failed", nil)
 		return err
