@@ -85,6 +85,10 @@ func (r *Runtime) Create(ctx context.Context, sb Sandbox) (err error) {
 			os.RemoveAll(d)
 		}
 	})
+	// From here on the disk changes: it is no longer a copy of a save.
+	if err := r.unmarkSaved(sb.ID); err != nil {
+		return fmt.Errorf("disk marker: %w", err)
+	}
 	if _, err := r.mountDisk(sb.ID, sb.Image, sb.Limits.DiskMiB); err != nil {
 		return err
 	}
@@ -171,10 +175,10 @@ func lastLine(path string) string {
 
 // DestroyOpts says what Destroy keeps.
 type DestroyOpts struct {
-	// KeepDisk keeps disk.img, the saved workspace (the sandbox's writable
-	// state: /workspace, /tmp, the root layer), for a later Create with the
-	// same id. It is the one place a saved workspace lives today; an
-	// archive (e.g. S3-compatible) would take it from here.
+	// KeepDisk keeps disk.img (the sandbox's writable state: /workspace,
+	// /tmp, the root layer) and its disk.saved marker for a later Create
+	// with the same id: the node's cache of the session's save in the
+	// organization's storage (see save.go).
 	KeepDisk bool
 }
 
@@ -203,12 +207,12 @@ func (r *Runtime) Destroy(ctx context.Context, id string, o DestroyOpts) error {
 		errs = append(errs, err)
 	}
 	d := r.dir(id)
-	if err := r.unmountDisk(id); err != nil {
+	if err := errors.Join(r.unmountDisk(id), unmount(filepath.Join(d, restoreMnt))); err != nil {
 		errs = append(errs, err)
 		return errors.Join(errs...) // never delete through a live mount
 	}
 	if o.KeepDisk {
-		for _, name := range []string{"config.json", "sandbox.pid", "rootfs", "disk", "exec", "run"} {
+		for _, name := range []string{"config.json", "sandbox.pid", "rootfs", "disk", "exec", "run", restoreMnt, restoreImgName} {
 			p := filepath.Join(d, name)
 			if err := os.RemoveAll(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
 				errs = append(errs, err)

@@ -73,6 +73,12 @@ func (s *Server) withWorkspace(c *gin.Context, write bool, fn func(ses *store.Se
 		default:
 			return errdefs.Conflict("session is %s; files are available while it runs and after teardown", ses.Status)
 		}
+		if readOnly {
+			// The node may have no copy of the saved workspace (any more).
+			if err := s.sessions.EnsureDiskLocked(c.Request.Context(), ses); err != nil {
+				return err
+			}
+		}
 		dir, release, err := s.rt.OpenWorkspace(ses.ContainerID, readOnly)
 		if errors.Is(err, runsc.ErrNoDisk) {
 			return errdefs.NotFound("the session has no saved workspace")

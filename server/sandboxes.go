@@ -171,8 +171,9 @@ func (s *Server) teardown(c *gin.Context) {
 		return
 	}
 	auditDetail(c, "workspaceBytes", res.WorkspaceBytes)
+	auditDetail(c, "savedBytes", res.SavedBytes)
 	obj := s.sandboxJSON(c.Request, &ses)
-	obj.Teardown = &teardownResult{WorkspaceBytes: res.WorkspaceBytes, GitCommits: []string{}}
+	obj.Teardown = &teardownResult{WorkspaceBytes: res.WorkspaceBytes, SavedBytes: res.SavedBytes, GitCommits: []string{}}
 	if g := res.Git; g != nil {
 		obj.Teardown.GitPushed, obj.Teardown.GitCommits = g.Pushed, g.Commits
 		if g.Commits == nil {
@@ -192,6 +193,7 @@ func (s *Server) teardown(c *gin.Context) {
 // gitCommits are the paired branch's commits pushed (or that were to be).
 type teardownResult struct {
 	WorkspaceBytes int64    `json:"workspaceBytes"`
+	SavedBytes     int64    `json:"savedBytes"`
 	GitPushed      bool     `json:"gitPushed"`
 	GitCommits     []string `json:"gitCommits"`
 	GitError       *string  `json:"gitError"`
@@ -244,7 +246,14 @@ type sandboxObject struct {
 	Egress        egressUsage       `json:"egress"`
 	Credits       creditUsage       `json:"credits"`
 	URLs          map[string]string `json:"urls"`
+	Storage       storageUsage      `json:"storage"`
 	Teardown      *teardownResult   `json:"teardown,omitempty"`
+}
+
+// storageUsage is the session's save in its organization's storage.
+type storageUsage struct {
+	SavedBytes int64      `json:"savedBytes"`
+	SavedAt    *time.Time `json:"savedAt"`
 }
 
 type resources struct {
@@ -285,6 +294,7 @@ func (s *Server) sandboxJSON(r *http.Request, ses *store.Session) sandboxObject 
 		Egress:  egressUsage{BytesUsed: ses.EgressBytesUsed, BytesLimit: ses.EgressBytesLimit},
 		Credits: creditUsage{Used: sandbox.CreditsUsed(ses, time.Now().UTC())},
 		URLs:    s.sandboxURLs(r, ses),
+		Storage: storageUsage{SavedBytes: ses.Saved.Bytes, SavedAt: ses.Saved.At},
 	}
 }
 

@@ -42,6 +42,7 @@ import (
 	"sandboxd/server/sessionlog"
 	"sandboxd/server/workspace"
 	"sandboxd/store"
+	"sandboxd/store/objects"
 	"sandboxd/streams/scrub"
 )
 
@@ -232,10 +233,19 @@ func newServer(cfg *config.Config, db *store.DB, rt Runtime, img string, log *sl
 	s.egress = egress.New(pol, egress.Options{Events: sandbox.EgressEvents(s.logs, db, s.log), Registerer: s.met.reg,
 		Resolver: cfg.EgressResolver, Logger: s.log.With("component", "egress"), MaxConnsPerSession: perSession,
 		MaxConns: total, OnUsage: db.NoteEgressUsed, CA: ca, GitRoots: roots})
-	s.sessions = sandbox.New(sandbox.Options{
+	// Teardown saves sessions to their organization's storage when the
+	// driver can pack disks (the real one; API tests' fake cannot).
+	opts := sandbox.Options{
 		Limits: cfg.Limits, DataDir: cfg.DataDir, Image: img, Runtime: rt, Store: db, Egress: s.egress,
 		Policy: pol, Events: s.logs, Hooks: sessionHooks{s}, Rules: rules, Git: gitHost, Log: s.log,
-	})
+	}
+	if disks, ok := rt.(sandbox.Disks); ok {
+		if opts.Storage, err = objects.NewDir(config.StorageDir(cfg.DataDir)); err != nil {
+			return nil, err
+		}
+		opts.Disks, opts.StorageQuota = disks, cfg.Storage.OrgQuotaMiB<<20
+	}
+	s.sessions = sandbox.New(opts)
 	if s.keys, err = portal.LoadKey(filepath.Join(cfg.DataDir, "portal.key")); err != nil {
 		return nil, err
 	}

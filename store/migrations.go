@@ -136,6 +136,15 @@ CREATE TABLE git_credentials (
 	created_at INTEGER NOT NULL
 );
 `,
+	// 5: a session's latest save in its organization's storage (the object's
+	// name, size, SHA-256, when, and its generation: object names carry it).
+	`
+ALTER TABLE sessions ADD COLUMN saved_object TEXT NOT NULL DEFAULT '';
+ALTER TABLE sessions ADD COLUMN saved_bytes INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE sessions ADD COLUMN saved_sha256 TEXT NOT NULL DEFAULT '';
+ALTER TABLE sessions ADD COLUMN saved_at INTEGER;
+ALTER TABLE sessions ADD COLUMN saved_generation INTEGER NOT NULL DEFAULT 0;
+`,
 }
 
 // migrate applies every migration not yet recorded in schema_migrations,

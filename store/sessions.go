@@ -29,12 +29,26 @@ type Session struct {
 	CreatedAt                         time.Time
 	StartedAt, StoppedAt              *time.Time
 	UpdatedAt                         time.Time
+	// Saved is the latest save of the session's disk in its organization's
+	// storage (written by SetSaved only).
+	Saved Saved
+}
+
+// Saved describes a session's save: an object in its organization's
+// storage. Object "" means never saved.
+type Saved struct {
+	Object     string
+	Bytes      int64
+	SHA256     string
+	At         *time.Time
+	Generation int64
 }
 
 const sessionCols = `id, org_id, project_id, session_id, created_by, container_id, status, status_reason,
 	size, requested_size, vcpus, memory_mib, disk_mib, pids, credits_per_hour, git_repo, git_branch,
 	env, secret_names, idle_timeout_seconds, egress_bytes_used, egress_bytes_limit, credits_used,
-	created_at, started_at, stopped_at, updated_at`
+	created_at, started_at, stopped_at, updated_at,
+	saved_object, saved_bytes, saved_sha256, saved_at, saved_generation`
 
 func scanSession(r rowScanner) (Session, error) {
 	var (
@@ -42,11 +56,13 @@ func scanSession(r rowScanner) (Session, error) {
 		env, secrets     string
 		created, updated int64
 		started, stopped sql.NullInt64
+		savedAt          sql.NullInt64
 	)
 	err := r.Scan(&s.ID, &s.OrgID, &s.ProjectID, &s.SessionID, &s.CreatedBy, &s.ContainerID, &s.Status, &s.StatusReason,
 		&s.Size, &s.RequestedSize, &s.VCPUs, &s.MemoryMiB, &s.DiskMiB, &s.Pids, &s.CreditsPerHour, &s.GitRepo, &s.GitBranch,
 		&env, &secrets, &s.IdleTimeoutSeconds, &s.EgressBytesUsed, &s.EgressBytesLimit, &s.CreditsUsed,
-		&created, &started, &stopped, &updated)
+		&created, &started, &stopped, &updated,
+		&s.Saved.Object, &s.Saved.Bytes, &s.Saved.SHA256, &savedAt, &s.Saved.Generation)
 	if err != nil {
 		return Session{}, err
 	}
@@ -58,6 +74,7 @@ func scanSession(r rowScanner) (Session, error) {
 	}
 	s.CreatedAt, s.UpdatedAt = fromTS(created), fromTS(updated)
 	s.StartedAt, s.StoppedAt = fromNullTS(started), fromNullTS(stopped)
+	s.Saved.At = fromNullTS(savedAt)
 	return s, nil
 }
 
@@ -96,12 +113,14 @@ func (db *DB) InsertSession(ctx context.Context, s *Session) error {
 	if err != nil {
 		return fmt.Errorf("store: insert session %s: secret names: %w", s.SessionID, err)
 	}
+	s.Saved.At = normTimePtr(s.Saved.At)
 	_, err = db.w.ExecContext(ctx, `INSERT INTO sessions(`+sessionCols+`)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		s.ID, s.OrgID, s.ProjectID, s.SessionID, s.CreatedBy, s.ContainerID, s.Status, s.StatusReason,
 		s.Size, s.RequestedSize, s.VCPUs, s.MemoryMiB, s.DiskMiB, s.Pids, s.CreditsPerHour, s.GitRepo, s.GitBranch,
 		env, secrets, s.IdleTimeoutSeconds, s.EgressBytesUsed, s.EgressBytesLimit, s.CreditsUsed,
-		ts(s.CreatedAt), nullTS(s.StartedAt), nullTS(s.StoppedAt), ts(s.UpdatedAt))
+		ts(s.CreatedAt), nullTS(s.StartedAt), nullTS(s.StoppedAt), ts(s.UpdatedAt),
+		s.Saved.Object, s.Saved.Bytes, s.Saved.SHA256, nullTS(s.Saved.At), s.Saved.Generation)
 	if isUnique(err) {
 		err = ErrConflict
 	}
@@ -270,6 +289,23 @@ func (db *DB) SetEgressUsed(ctx context.Context, id string, used int64) error {
 	}
 	if err != nil {
 		return fmt.Errorf("store: set egress usage %s: %w", id, err)
+	}
+	return nil
+}
+
+// SetSaved records a session's latest save (UpdateSession leaves it alone,
+// so a stale copy of a session never forgets a save). ErrNotFound if no
+// such row.
+func (db *DB) SetSaved(ctx context.Context, id string, sv Saved) error {
+	sv.At = normTimePtr(sv.At)
+	res, err := db.w.ExecContext(ctx, `UPDATE sessions SET saved_object = ?, saved_bytes = ?, saved_sha256 = ?,
+		saved_at = ?, saved_generation = ? WHERE id = ?`,
+		sv.Object, sv.Bytes, sv.SHA256, nullTS(sv.At), sv.Generation, id)
+	if err == nil {
+		err = mustAffect(res)
+	}
+	if err != nil {
+		return fmt.Errorf("store: set saved %s: %w", id, err)
 	}
 	return nil
 }

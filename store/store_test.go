@@ -705,3 +705,32 @@ func TestValidName(t *testing.T) {
 		}
 	}
 }
+
+// A save is recorded by SetSaved and survives an UpdateSession of a copy
+// read before it.
+func TestSetSaved(t *testing.T) {
+	ctx := context.Background()
+	db, _ := openTest(t)
+	p, _, _ := db.CreateOrg(ctx, "a", "u")
+	s := newSession(p, "sv")
+	if err := db.InsertSession(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	stale := *s
+	at := time.Date(2030, 1, 1, 0, 0, 0, 5, time.UTC)
+	sv := Saved{Object: "sessions/x/disk-1.tar.zst", Bytes: 1234, SHA256: "ab", At: &at, Generation: 1}
+	if err := db.SetSaved(ctx, s.ID, sv); err != nil {
+		t.Fatal(err)
+	}
+	stale.Status = StatusRunning
+	if err := db.UpdateSession(ctx, &stale); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := db.GetSessionByID(ctx, s.ID)
+	if got.Saved.Object != sv.Object || got.Saved.Bytes != 1234 || got.Saved.SHA256 != "ab" || got.Saved.Generation != 1 || !got.Saved.At.Equal(at) {
+		t.Fatalf("saved: %+v", got.Saved)
+	}
+	if err := db.SetSaved(ctx, "ses_missing", sv); !errors.Is(err, ErrNotFound) {
+		t.Fatal(err)
+	}
+}

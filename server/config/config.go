@@ -49,9 +49,10 @@ type Config struct {
 		Suite       string `yaml:"suite"`
 		AutoBuild   bool   `yaml:"autoBuild"`
 	} `yaml:"image"`
-	Limits Limits `yaml:"limits"`
-	Portal Portal `yaml:"portal"`
-	Git    Git    `yaml:"git"`
+	Limits  Limits  `yaml:"limits"`
+	Portal  Portal  `yaml:"portal"`
+	Git     Git     `yaml:"git"`
+	Storage Storage `yaml:"storage"`
 
 	EgressOptions struct {
 		// Allowlist file (configs/egress.yaml's format); empty means the
@@ -95,6 +96,17 @@ type Limits struct {
 	MaxAPIConns          int   `yaml:"maxAPIConns"`
 	APIIdleSeconds       int   `yaml:"apiIdleSeconds"`
 }
+
+// Storage is the organizations' storage, where teardown saves sessions
+// (configs/sandboxd.yaml documents each).
+type Storage struct {
+	// OrgQuotaMiB caps the saves one organization keeps; 0: no cap.
+	OrgQuotaMiB int64 `yaml:"orgQuotaMiB"`
+}
+
+// StorageDir is where the directory backend keeps each organization's
+// objects.
+func StorageDir(dataDir string) string { return filepath.Join(dataDir, "storage") }
 
 // Portal is where browsers reach sandboxes (configs/sandboxd.yaml
 // documents each).
@@ -292,6 +304,9 @@ func (c *Config) validate() error {
 		l.MaxExecsPerSession < 1 || l.MaxMemoryMiB < 0 || l.MinFreeDiskMiB < 0 || l.TerminalIdleSeconds < 1 ||
 		l.MaxAPIConns < 0 || l.APIIdleSeconds < 1 {
 		errs = append(errs, errors.New("limits: out of range"))
+	}
+	if c.Storage.OrgQuotaMiB < 0 {
+		errs = append(errs, errors.New("storage.orgQuotaMiB: must be 0 (no cap) or more"))
 	}
 	return errors.Join(errs...)
 }

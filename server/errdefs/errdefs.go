@@ -25,7 +25,7 @@ var (
 	ErrUnprocessable   = errors.New("unprocessable")        // understood, but it could not be done with this input (422)
 	ErrTooLarge        = errors.New("too large")            // a body over its limit (413)
 	ErrRateLimited     = errors.New("rate limited")         // too many at once (429)
-	ErrNoSpace         = errors.New("insufficient storage") // a sandbox's disk is full (507)
+	ErrNoSpace         = errors.New("insufficient storage") // a sandbox's disk is full, a storage quota reached (507)
 	ErrUnavailable     = errors.New("unavailable")          // capacity, shutdown, a failed start (503)
 	ErrBadGateway      = errors.New("bad gateway")          // nothing answered inside the sandbox (502)
 )
@@ -99,6 +99,9 @@ func Forbidden(format string, args ...any) *Error { return New(ErrForbidden, for
 
 // RateLimited is an ErrRateLimited error.
 func RateLimited(format string, args ...any) *Error { return New(ErrRateLimited, format, args...) }
+
+// NoSpace is an ErrNoSpace error.
+func NoSpace(format string, args ...any) *Error { return New(ErrNoSpace, format, args...) }
 
 // Unavailable is an ErrUnavailable error.
 func Unavailable(format string, args ...any) *Error { return New(ErrUnavailable, format, args...) }

@@ -20,7 +20,8 @@ import (
 //
 //	provisioning -> running            (create succeeded)
 //	provisioning -> (row removed)      (create failed: every step undone)
-//	running      -> stopping -> stopped (teardown; the disk is kept)
+//	running      -> stopping -> stopped (teardown: saved, the disk kept as a cache)
+//	stopping     -> running            (the save failed, e.g. quota: the sandbox runs on)
 //	running      -> failed             (sandbox died: oom, exited)
 //	failed       -> stopping -> stopped (teardown releases what is left)
 //	stopped      -> provisioning -> running (resume on the kept disk)
@@ -32,7 +33,7 @@ import (
 var transitions = map[string][]string{
 	store.StatusProvisioning: {store.StatusRunning, store.StatusFailed, store.StatusStopped},
 	store.StatusRunning:      {store.StatusStopping, store.StatusFailed, store.StatusDeleted},
-	store.StatusStopping:     {store.StatusStopped, store.StatusFailed},
+	store.StatusStopping:     {store.StatusStopped, store.StatusFailed, store.StatusRunning},
 	store.StatusFailed:       {store.StatusStopping, store.StatusDeleted},
 	store.StatusStopped:      {store.StatusProvisioning, store.StatusDeleted},
 }
@@ -262,7 +263,8 @@ func (m *Manager) Resume(ctx context.Context, orgID, sessionID string) (_ store.
 	case store.StatusRunning:
 		return *ses, nil
 	case store.StatusFailed:
-		if _, err := m.teardownLocked(ctx, ses); err != nil {
+		// Its disk (newer than any save) is what resumes: no save first.
+		if _, err := m.stopSessionLocked(ctx, ses, false); err != nil {
 			return store.Session{}, err
 		}
 	case store.StatusStopped:
@@ -293,6 +295,11 @@ func (m *Manager) Resume(ctx context.Context, orgID, sessionID string) (_ store.
 			m.log.Error("undo resume", "session", ses.SessionID, "err", err)
 		}
 	})
+	if err := m.prepareDiskLocked(ctx, ses); err != nil {
+		m.log.Error("restore failed", "session", ses.SessionID, "err", err)
+		return store.Session{}, errdefs.Unavailable("the session's saved workspace could not be restored; the session stays stopped, retry the resume")
+	}
+	m.hang("restore-done")
 	if err := m.startLocked(ctx, ses, sizeOf(ses), true, &undo); err != nil {
 		m.log.Error("resume failed", "session", ses.SessionID, "container", ses.ContainerID, "err", err)
 		return store.Session{}, errdefs.Unavailable("the sandbox could not be started; the session is stopped with its workspace kept, retry the resume")
@@ -425,6 +432,9 @@ func (m *Manager) stopLocked(ses *store.Session) {
 type Teardown struct {
 	WorkspaceBytes int64
 	Git            *GitResult // nil: not paired
+	// SavedBytes is the size of the session's save in its organization's
+	// storage.
+	SavedBytes int64
 }
 
 // Teardown stops a session's sandbox and releases its compute, keeping its
@@ -440,26 +450,49 @@ func (m *Manager) Teardown(ctx context.Context, orgID, sessionID string) (store.
 }
 
 func (m *Manager) teardownLocked(ctx context.Context, ses *store.Session) (Teardown, error) {
+	return m.stopSessionLocked(ctx, ses, true)
+}
+
+// stopSessionLocked is a teardown; with save (and storage configured) the
+// session's disk is saved to its organization's storage before anything
+// is released, and a failed save leaves the session as it was (a running
+// sandbox thawed and running on).
+func (m *Manager) stopSessionLocked(ctx context.Context, ses *store.Session, save bool) (Teardown, error) {
 	var res Teardown
 	switch ses.Status {
 	case store.StatusStopped:
+		res.SavedBytes = ses.Saved.Bytes
 		return res, nil
 	case store.StatusRunning, store.StatusFailed, store.StatusStopping:
 	default:
 		return res, errdefs.Conflict("session is %s; only a running or failed session can be torn down", ses.Status)
 	}
-	wasLive := ses.Status == store.StatusRunning
+	prev := ses.Status
 	if ses.Status != store.StatusStopping {
 		if err := m.setStatusLocked(ctx, ses, store.StatusStopping, ses.StatusReason); err != nil {
 			return res, err
 		}
-		if wasLive {
-			m.release(ses.OrgID, ses.MemoryMiB) // a stopping session holds no capacity
-		}
 	}
 	// The paired branch's commits go out first, while the sandbox (and its
-	// egress listener) still run; a failed push keeps everything.
-	res.Git = m.pushLocked(ctx, ses, wasLive)
+	// egress listener) still run, so the save has them; a failed push keeps
+	// everything.
+	res.Git = m.pushLocked(ctx, ses, prev == store.StatusRunning)
+	save = save && m.saving()
+	if save {
+		if err := m.saveLocked(ctx, ses, prev == store.StatusRunning); err != nil {
+			m.undoStoppingLocked(ctx, ses, prev)
+			if _, ok := errdefs.Public(err); ok {
+				m.log.Warn("save refused", "session", ses.SessionID, "err", err)
+				return res, err
+			}
+			m.log.Error("save", "session", ses.SessionID, "err", err)
+			return res, errdefs.Unavailable("the session could not be saved; it keeps its data, retry the teardown")
+		}
+		res.SavedBytes = ses.Saved.Bytes
+	}
+	if prev == store.StatusRunning {
+		m.release(ses.OrgID, ses.MemoryMiB) // a stopping session holds no capacity
+	}
 	m.stopLocked(ses)
 	if dir, release, err := m.rt.OpenWorkspace(ses.ContainerID, false); err == nil {
 		res.WorkspaceBytes = workspace.DiskUsage(dir)
@@ -473,8 +506,46 @@ func (m *Manager) teardownLocked(ctx context.Context, ses *store.Session) (Teard
 		m.log.Error("teardown", "session", ses.SessionID, "err", err)
 		return res, errdefs.Unavailable("the sandbox could not be stopped completely; retry the teardown")
 	}
-	m.events.Event(ses.ID, "stopped", map[string]any{"workspaceBytes": res.WorkspaceBytes})
+	if save {
+		m.hang("save-destroyed")
+		m.finishSaveLocked(dctx, ses)
+	}
+	m.events.Event(ses.ID, "stopped", map[string]any{"workspaceBytes": res.WorkspaceBytes, "savedBytes": res.SavedBytes})
 	return res, m.setStatusLocked(dctx, ses, store.StatusStopped, ses.StatusReason)
+}
+
+// finishSaveLocked runs once a saved session's sandbox is gone: its disk is
+// marked a clean copy of the save, older saves are deleted.
+func (m *Manager) finishSaveLocked(ctx context.Context, ses *store.Session) {
+	if err := m.disks.MarkSaved(ses.ContainerID, ses.Saved.SHA256); err != nil {
+		m.log.Warn("mark disk saved", "session", ses.SessionID, "err", err) // it counts as newer: still right
+	}
+	if err := m.dropOldSavesLocked(ctx, ses); err != nil {
+		m.log.Warn("drop old saves", "session", ses.SessionID, "err", err)
+	}
+}
+
+// undoStoppingLocked puts a session whose save failed back as it was: a
+// running one is thawed and runs on (its run's start time kept), a failed
+// one stays failed; one found stopping stays so (a retry, or the next
+// start, finishes it).
+func (m *Manager) undoStoppingLocked(ctx context.Context, ses *store.Session, prev string) {
+	dctx, cancel := detached(ctx)
+	defer cancel()
+	switch prev {
+	case store.StatusRunning:
+		if err := m.disks.Thaw(dctx, ses.ContainerID); err != nil {
+			m.log.Warn("thaw after a failed save", "session", ses.SessionID, "err", err)
+		}
+		ses.Status = store.StatusRunning
+		if err := m.db.UpdateSession(dctx, ses); err != nil {
+			m.log.Error("undo stopping", "session", ses.SessionID, "err", err)
+		}
+	case store.StatusFailed:
+		if err := m.setStatusLocked(dctx, ses, store.StatusFailed, ses.StatusReason); err != nil {
+			m.log.Error("undo stopping", "session", ses.SessionID, "err", err)
+		}
+	}
 }
 
 // Delete tears a session down if needed and deletes its disk; the row
@@ -499,6 +570,10 @@ func (m *Manager) Delete(ctx context.Context, orgID, sessionID string) error {
 	if err := m.rt.Destroy(dctx, ses.ContainerID, runsc.DestroyOpts{}); err != nil {
 		m.log.Error("delete", "session", ses.SessionID, "err", err)
 		return errdefs.Unavailable("the sandbox could not be removed completely; retry the delete")
+	}
+	if err := m.deleteSavesLocked(dctx, ses); err != nil {
+		m.log.Error("delete saves", "session", ses.SessionID, "err", err)
+		return errdefs.Unavailable("the session's saved workspace could not be deleted completely; retry the delete")
 	}
 	if live {
 		if ses.Status == store.StatusRunning {
@@ -640,6 +715,7 @@ func (m *Manager) reconcileOne(ctx context.Context, ses *store.Session, st runsc
 		m.auditSystem("sandbox.provision_undone", ses, nil)
 	case store.StatusStopping:
 		logErr("destroy", m.rt.Destroy(ctx, ses.ContainerID, runsc.DestroyOpts{KeepDisk: true}))
+		m.finishInterruptedSaveLocked(ctx, ses)
 		logErr("status", m.setStatusLocked(ctx, ses, store.StatusStopped, ses.StatusReason))
 		m.auditSystem("sandbox.teardown_finished", ses, nil)
 	}

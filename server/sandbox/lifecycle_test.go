@@ -25,6 +25,7 @@ func TestCanTransitionTable(t *testing.T) {
 		{store.StatusRunning, store.StatusDeleted}:      true,
 		{store.StatusStopping, store.StatusStopped}:     true,
 		{store.StatusStopping, store.StatusFailed}:      true,
+		{store.StatusStopping, store.StatusRunning}:     true, // a save refused: the sandbox runs on
 		{store.StatusFailed, store.StatusStopping}:      true,
 		{store.StatusFailed, store.StatusDeleted}:       true,
 		{store.StatusStopped, store.StatusDeleted}:      true,

@@ -67,6 +67,7 @@ type Store interface {
 	SetSecrets(ctx context.Context, pk string, secrets map[string]string) error
 	Secrets(ctx context.Context, pk string) (map[string]string, error)
 	SetEgressUsed(ctx context.Context, pk string, used int64) error
+	SetSaved(ctx context.Context, pk string, sv store.Saved) error
 	GetProject(ctx context.Context, orgID, projectID string) (store.Project, error)
 	GitToken(ctx context.Context, userID string) (string, error)
 	Audit(rec store.AuditRecord)
@@ -118,6 +119,12 @@ type Options struct {
 	Log *slog.Logger
 	// Now is the clock (tests set it); nil means time.Now().UTC().
 	Now func() time.Time
+	// Storage and Disks (both set) make teardown save sessions to their
+	// organization's storage (storage.go); StorageQuota caps an
+	// organization's saves in bytes (0: no cap).
+	Storage      Storage
+	Disks        Disks
+	StorageQuota int64
 }
 
 // Manager owns the lifecycle of sessions.
@@ -136,6 +143,10 @@ type Manager struct {
 	log    *slog.Logger
 	now    func() time.Time
 
+	storage Storage
+	disks   Disks
+	quota   int64
+
 	mu    sync.Mutex
 	locks map[string]*sessionLock // by pk; dropped when unused
 	// live counts sandboxes provisioning or running; perOrg and memUsed
@@ -144,7 +155,8 @@ type Manager struct {
 	perOrg   map[string]int
 	memUsed  int
 	memMax   int
-	activity map[string]*activity // by pk: commands running, last use
+	activity map[string]*activity   // by pk: commands running, last use
+	orgSaves map[string]*sync.Mutex // by org: held while one of its sessions saves
 
 	done chan struct{}
 	wg   sync.WaitGroup
@@ -155,7 +167,8 @@ func New(o Options) *Manager {
 	m := &Manager{lim: o.Limits, data: o.DataDir, image: o.Image, rt: o.Runtime, db: o.Store, egress: o.Egress,
 		policy: o.Policy, events: o.Events, hooks: o.Hooks, log: o.Log, now: o.Now, git: o.Git,
 		scrub: &scrubbers{base: o.Rules}, locks: map[string]*sessionLock{}, perOrg: map[string]int{},
-		activity: map[string]*activity{}, done: make(chan struct{})}
+		activity: map[string]*activity{}, done: make(chan struct{}),
+		storage: o.Storage, disks: o.Disks, quota: o.StorageQuota, orgSaves: map[string]*sync.Mutex{}}
 	if m.now == nil {
 		m.now = func() time.Time { return time.Now().UTC() }
 	}

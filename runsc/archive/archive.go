@@ -1,0 +1,160 @@
+// Package archive packs a sandbox's disk tree (the writable root layer,
+// /workspace, /tmp) into a stream and unpacks it again: tar (PAX) inside
+// zstd. It keeps regular files, directories, symlinks, hard links within
+// the tree, FIFOs, overlay whiteouts (character devices 0:0), modes with
+// setuid/setgid/sticky bits, numeric owners, nanosecond mtimes, extended
+// attributes (trusted.overlay.* included, so opaque directories survive)
+// and names of any bytes but NUL and '/' (newlines, non-UTF-8).
+//
+// Pack reads a tree nobody changes meanwhile (a frozen or stopped sandbox)
+// without following a symlink: every step is relative to an opened
+// directory, files are opened O_NOFOLLOW and checked to be what was listed.
+// Sockets, block devices and character devices other than 0:0 are skipped
+// (counted in Stats.Skipped): they cannot be made on the sandbox's nodev
+// disk by its unprivileged user anyway.
+//
+// Unpack is safe by construction on hostile input: every entry's parent is
+// opened with openat2(RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS|
+// RESOLVE_NO_MAGICLINKS|RESOLVE_NO_XDEV) from the destination's descriptor
+// and the entry is created relative to it with O_EXCL/O_NOFOLLOW (or
+// mkdirat, symlinkat, mknodat, linkat without following), so absolute
+// names, "..", writing through a symlink, leaving the mount, duplicate
+// names, hard links to anything but a regular file this same archive made,
+// devices other than whiteouts where Options allow them, and unknown
+// extended attribute namespaces are rejected with an error before anything
+// is written for that entry. A rejected archive leaves a partial tree: the
+// caller unpacks into a scratch place and discards it on error.
+//
+// Concurrency: Pack and Unpack are safe to call concurrently on different
+// trees; each runs the zstd codec's own goroutines, which end when the call
+// returns.
+package archive
+
+import (
+	"archive/tar"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"runtime"
+	"strings"
+
+	"github.com/klauspost/compress/zstd"
+)
+
+// Stats counts what a Pack or Unpack handled.
+type Stats struct {
+	Files, Dirs, Symlinks, HardLinks, Whiteouts, Fifos int64
+	// Bytes is the regular files' data.
+	Bytes int64
+	// Skipped counts sockets and devices Pack left out.
+	Skipped int64
+}
+
+// Options say what Unpack accepts beyond plain files, directories and
+// symlinks.
+type Options struct {
+	// Overlay reports whether name (slash-separated, relative) lies in an
+	// overlay upper layer, where whiteouts (character devices 0:0) and
+	// trusted.overlay.* attributes are allowed. nil: nowhere.
+	Overlay func(name string) bool
+	// Fifos allows named pipes.
+	Fifos bool
+}
+
+// ErrUnsafe is the class of every entry Unpack rejects.
+var ErrUnsafe = errors.New("archive: unsafe entry")
+
+func unsafeEntry(name, format string, args ...any) error {
+	return fmt.Errorf("%w %q: %s", ErrUnsafe, name, fmt.Sprintf(format, args...))
+}
+
+// Pack writes the tree below dir, restricted to the top-level entries in
+// top (all when nil), as zstd-compressed tar to w.
+func Pack(ctx context.Context, dir string, top []string, w io.Writer) (Stats, error) {
+	enc, err := zstd.NewWriter(w, zstd.WithEncoderLevel(zstd.SpeedDefault),
+		zstd.WithEncoderConcurrency(runtime.GOMAXPROCS(0)), zstd.WithLowerEncoderMem(false))
+	if err != nil {
+		return Stats{}, err
+	}
+	st, err := PackTar(ctx, dir, top, enc)
+	if err != nil {
+		enc.Close()
+		return st, err
+	}
+	return st, enc.Close()
+}
+
+// Unpack reads a zstd-compressed tar from r into dir (an existing
+// directory), rejecting unsafe entries (see the package doc). r's own error
+// (a checksum mismatch at EOF) fails the Unpack.
+func Unpack(ctx context.Context, r io.Reader, dir string, o Options) (Stats, error) {
+	dec, err := zstd.NewReader(r, zstd.WithDecoderConcurrency(runtime.GOMAXPROCS(0)), zstd.WithDecoderLowmem(false))
+	if err != nil {
+		return Stats{}, err
+	}
+	defer dec.Close()
+	st, err := UnpackTar(ctx, dec, dir, o)
+	if err != nil {
+		return st, err
+	}
+	// Drain to the end, so the source's own check (a checksum at EOF) runs.
+	if _, err := io.Copy(io.Discard, dec); err != nil {
+		return st, err
+	}
+	return st, nil
+}
+
+// checkName validates an entry name: relative, no empty, "." or ".."
+// segments, no NUL, bounded lengths. A trailing slash is dropped.
+func checkName(name string) (string, error) {
+	n := strings.TrimSuffix(name, "/")
+	switch {
+	case n == "":
+		return "", unsafeEntry(name, "empty name")
+	case len(n) > 4095:
+		return "", unsafeEntry(name[:64], "name too long")
+	case strings.HasPrefix(n, "/"):
+		return "", unsafeEntry(name, "absolute name")
+	case strings.IndexByte(n, 0) >= 0:
+		return "", unsafeEntry(name, "NUL in name")
+	}
+	for _, seg := range strings.Split(n, "/") {
+		switch {
+		case seg == "":
+			return "", unsafeEntry(name, "empty path segment")
+		case seg == "." || seg == "..":
+			return "", unsafeEntry(name, "%q segment", seg)
+		case len(seg) > 255:
+			return "", unsafeEntry(name, "segment too long")
+		}
+	}
+	return n, nil
+}
+
+func splitName(n string) (parent, base string) {
+	i := strings.LastIndexByte(n, '/')
+	if i < 0 {
+		return "", n
+	}
+	return n[:i], n[i+1:]
+}
+
+// xattrPrefix is how PAX records carry extended attributes (GNU tar,
+// bsdtar and Go's archive/tar read them alike).
+const xattrPrefix = "SCHILY.xattr."
+
+func xattrAllowed(key string, overlay bool) bool {
+	switch {
+	case strings.HasPrefix(key, "user."), strings.HasPrefix(key, "security."),
+		key == "system.posix_acl_access", key == "system.posix_acl_default":
+		return true
+	case strings.HasPrefix(key, "trusted.overlay."):
+		return overlay
+	}
+	return false
+}
+
+// tarFormat: PAX for everything (nanosecond times, long and non-UTF-8
+// names, large ids, attributes).
+const tarFormat = tar.FormatPAX

@@ -1,0 +1,272 @@
+package archive
+
+import (
+	"archive/tar"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strconv"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+type packer struct {
+	ctx   context.Context
+	tw    *tar.Writer
+	links map[[2]uint64]string // (dev, inode) of a multiply linked file -> its first name
+	buf   []byte
+	xbuf  []byte
+	st    Stats
+}
+
+// PackTar is Pack without compression.
+func PackTar(ctx context.Context, dir string, top []string, w io.Writer) (Stats, error) {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return Stats{}, fmt.Errorf("pack: open %s: %w", dir, err)
+	}
+	p := &packer{ctx: ctx, tw: tar.NewWriter(w), links: map[[2]uint64]string{},
+		buf: make([]byte, 1<<20), xbuf: make([]byte, 64<<10)}
+	err = p.dir(fd, "", top)
+	if err == nil {
+		err = p.tw.Close()
+	}
+	return p.st, err
+}
+
+// dir packs the entries of the open directory fd (closed on return) whose
+// archive path is rel ("" for the root); only names in only when not nil.
+func (p *packer) dir(fd int, rel string, only []string) error {
+	f := os.NewFile(uintptr(fd), rel)
+	defer f.Close()
+	names, err := f.Readdirnames(-1)
+	if err != nil {
+		return fmt.Errorf("pack: list %q: %w", rel, err)
+	}
+	if only != nil {
+		keep := map[string]bool{}
+		for _, n := range only {
+			keep[n] = true
+		}
+		kept := names[:0]
+		for _, n := range names {
+			if keep[n] {
+				kept = append(kept, n)
+			}
+		}
+		names = kept
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		if err := p.ctx.Err(); err != nil {
+			return err
+		}
+		path := name
+		if rel != "" {
+			path = rel + "/" + name
+		}
+		if err := p.entry(fd, name, path); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (p *packer) entry(dfd int, name, path string) error {
+	var st unix.Stat_t
+	if err := unix.Fstatat(dfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return fmt.Errorf("pack: stat %q: %w", path, err)
+	}
+	hdr := &tar.Header{
+		Name: path, Mode: int64(st.Mode & 0o7777), Uid: int(st.Uid), Gid: int(st.Gid),
+		ModTime: time.Unix(st.Mtim.Sec, st.Mtim.Nsec), Format: tarFormat,
+	}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFDIR:
+		cfd, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("pack: open %q: %w", path, err)
+		}
+		if err := p.checkSame(cfd, &st, path); err != nil {
+			unix.Close(cfd)
+			return err
+		}
+		hdr.Typeflag = tar.TypeDir
+		if err := p.xattrs(hdr, cfd, ""); err != nil {
+			unix.Close(cfd)
+			return err
+		}
+		if err := p.tw.WriteHeader(hdr); err != nil {
+			unix.Close(cfd)
+			return err
+		}
+		p.st.Dirs++
+		return p.dir(cfd, path, nil)
+	case unix.S_IFREG:
+		return p.file(dfd, name, path, hdr, &st)
+	case unix.S_IFLNK:
+		target := make([]byte, st.Size+1)
+		n, err := unix.Readlinkat(dfd, name, target)
+		if err != nil || int64(n) != st.Size {
+			return fmt.Errorf("pack: readlink %q: changed or %v", path, err)
+		}
+		hdr.Typeflag, hdr.Linkname = tar.TypeSymlink, string(target[:n])
+		if err := p.xattrs(hdr, -1, procPath(dfd, name)); err != nil {
+			return err
+		}
+		p.st.Symlinks++
+		return p.tw.WriteHeader(hdr)
+	case unix.S_IFCHR:
+		if st.Rdev != 0 {
+			p.st.Skipped++
+			return nil
+		}
+		hdr.Typeflag = tar.TypeChar
+		if err := p.xattrs(hdr, -1, procPath(dfd, name)); err != nil {
+			return err
+		}
+		p.st.Whiteouts++
+		return p.tw.WriteHeader(hdr)
+	case unix.S_IFIFO:
+		hdr.Typeflag = tar.TypeFifo
+		p.st.Fifos++
+		return p.tw.WriteHeader(hdr)
+	default: // sockets, block devices
+		p.st.Skipped++
+		return nil
+	}
+}
+
+// procPath names an entry of an open directory for the l*xattr calls,
+// which have no *at form: the magic link is our own descriptor and the
+// last component is not followed.
+func procPath(dfd int, name string) string {
+	return "/proc/self/fd/" + strconv.Itoa(dfd) + "/" + name
+}
+
+func (p *packer) checkSame(fd int, want *unix.Stat_t, path string) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return err
+	}
+	if st.Ino != want.Ino || st.Dev != want.Dev || st.Mode&unix.S_IFMT != want.Mode&unix.S_IFMT {
+		return fmt.Errorf("pack: %q changed while packing", path)
+	}
+	return nil
+}
+
+func (p *packer) file(dfd int, name, path string, hdr *tar.Header, st *unix.Stat_t) error {
+	if st.Nlink > 1 {
+		key := [2]uint64{st.Dev, st.Ino}
+		if first, ok := p.links[key]; ok {
+			hdr.Typeflag, hdr.Linkname, hdr.Mode = tar.TypeLink, first, 0
+			p.st.HardLinks++
+			return p.tw.WriteHeader(hdr)
+		}
+		p.links[key] = path
+	}
+	// O_NOFOLLOW: a symlink swapped in is not followed; O_NONBLOCK: a FIFO
+	// swapped in does not block (its read fails); the read must then yield
+	// exactly the listed size.
+	fd, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("pack: open %q: %w", path, err)
+	}
+	defer unix.Close(fd)
+	hdr.Typeflag, hdr.Size = tar.TypeReg, st.Size
+	if err := p.xattrs(hdr, fd, ""); err != nil {
+		return err
+	}
+	if err := p.tw.WriteHeader(hdr); err != nil {
+		return err
+	}
+	var n int64
+	for n < st.Size {
+		m, err := unix.Read(fd, p.buf[:min(int64(len(p.buf)), st.Size-n)])
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("pack: read %q: %w", path, err)
+		}
+		if m == 0 {
+			return fmt.Errorf("pack: %q changed while packing", path)
+		}
+		if _, err := p.tw.Write(p.buf[:m]); err != nil {
+			return err
+		}
+		n += int64(m)
+	}
+	p.st.Files++
+	p.st.Bytes += n
+	return nil
+}
+
+// xattrs adds the extended attributes of fd (or, with fd < 0, of the
+// unfollowed path) to hdr.
+func (p *packer) xattrs(hdr *tar.Header, fd int, path string) error {
+	list := func(b []byte) (int, error) {
+		if fd >= 0 {
+			return unix.Flistxattr(fd, b)
+		}
+		return unix.Llistxattr(path, b)
+	}
+	get := func(k string, b []byte) (int, error) {
+		if fd >= 0 {
+			return unix.Fgetxattr(fd, k, b)
+		}
+		return unix.Lgetxattr(path, k, b)
+	}
+	n, err := list(p.xbuf)
+	if err == unix.ERANGE {
+		if n, err = list(nil); err == nil {
+			p.xbuf = make([]byte, n*2)
+			n, err = list(p.xbuf)
+		}
+	}
+	if err == unix.ENOTSUP || (err == nil && n == 0) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("pack: list attributes of %q: %w", hdr.Name, err)
+	}
+	keys := p.xbuf[:n]
+	var names []string
+	for len(keys) > 0 {
+		i := 0
+		for i < len(keys) && keys[i] != 0 {
+			i++
+		}
+		if i > 0 {
+			names = append(names, string(keys[:i]))
+		}
+		if i < len(keys) {
+			i++
+		}
+		keys = keys[i:]
+	}
+	for _, k := range names {
+		v := make([]byte, 4096)
+		m, err := get(k, v)
+		if err == unix.ERANGE {
+			if m, err = get(k, nil); err == nil {
+				v = make([]byte, m)
+				m, err = get(k, v)
+			}
+		}
+		if err == unix.ENODATA {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("pack: attribute %s of %q: %w", k, hdr.Name, err)
+		}
+		if hdr.PAXRecords == nil {
+			hdr.PAXRecords = map[string]string{}
+		}
+		hdr.PAXRecords[xattrPrefix+k] = string(v[:m])
+	}
+	return nil
+}

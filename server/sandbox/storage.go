@@ -1,0 +1,317 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"sandboxd/runsc"
+	"sandboxd/runsc/archive"
+	"sandboxd/server/errdefs"
+	"sandboxd/store"
+	"sandboxd/store/objects"
+)
+
+// Saves: teardown packs a session's disk (its writable state) into its
+// organization's storage as the object sessions/<pk>/disk-<generation>.tar.zst,
+// records it on the session's row, and only then stops the sandbox, marks
+// its local disk as a clean copy of that save (a cache) and deletes older
+// generations. Resume uses the local disk when it is that clean copy, or
+// newer than any save (it ran since: a teardown that did not finish);
+// otherwise it restores the disk from the save. A crash at any step leaves
+// the previous save or the new one recorded, and the local disk until the
+// save is complete; Reconcile finishes an interrupted teardown (status
+// stopping) by saving again from the disk.
+
+// Storage is what the Manager needs from the organizations' storage
+// (objects.Backend).
+type Storage interface {
+	Put(ctx context.Context, org, name string, r io.Reader) (objects.Info, error)
+	Get(ctx context.Context, org, name string) (io.ReadCloser, objects.Info, error)
+	Delete(ctx context.Context, org, name string) error
+	List(ctx context.Context, org, prefix string) ([]objects.Info, error)
+}
+
+// Disks is what the Manager needs from the driver to save a sandbox's disk
+// and get it back (runsc.Runtime).
+type Disks interface {
+	Freeze(ctx context.Context, id string) error
+	Thaw(ctx context.Context, id string) error
+	SaveDisk(ctx context.Context, id string, w io.Writer) (archive.Stats, error)
+	DiskCache(id string) (present bool, savedSHA256 string)
+	MarkSaved(id, sha256 string) error
+	RestoreDisk(ctx context.Context, id string, diskMiB int64, src io.Reader, sha256 string) (archive.Stats, error)
+}
+
+// saving reports whether teardown saves to storage.
+func (m *Manager) saving() bool { return m.storage != nil && m.disks != nil }
+
+func objectPrefix(pk string) string { return "sessions/" + pk + "/" }
+
+func objectName(pk string, gen int64) string {
+	return fmt.Sprintf("%sdisk-%d.tar.zst", objectPrefix(pk), gen)
+}
+
+// saveTimeout bounds one save or restore; it runs on the request's values,
+// not its cancellation (a client that goes away does not undo it).
+const saveTimeout = 30 * time.Minute
+
+func saveContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), saveTimeout)
+}
+
+// orgSaveLock serialises an organization's saves, so its quota is checked
+// and used in one step.
+func (m *Manager) orgSaveLock(org string) *sync.Mutex {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	l := m.orgSaves[org]
+	if l == nil {
+		l = &sync.Mutex{}
+		m.orgSaves[org] = l
+	}
+	return l
+}
+
+// hangAt is a test hook (SANDBOXD_TEST_HANG_AT, read at start): at the
+// named step of a save or restore the operation writes
+// <data-dir>/hang-<step> and blocks for good, so a test can kill -9 the
+// server exactly there. Steps: save-frozen, save-writing, save-recorded,
+// save-destroyed, restore-reading, restore-done. Empty in production.
+var hangAt = os.Getenv("SANDBOXD_TEST_HANG_AT")
+
+func (m *Manager) hang(step string) {
+	if hangAt != step {
+		return
+	}
+	os.WriteFile(filepath.Join(m.data, "hang-"+step), nil, 0o600)
+	select {} // the test kills the process
+}
+
+// hangReader calls hang(step) once more than 1 MiB has passed.
+type hangReader struct {
+	r    io.Reader
+	n    int64
+	hang func()
+}
+
+func (h *hangReader) Read(p []byte) (int, error) {
+	n, err := h.r.Read(p)
+	if h.n += int64(n); h.n > 1<<20 && hangAt != "" {
+		h.hang()
+	}
+	return n, err
+}
+
+var errQuota = errors.New("storage quota reached")
+
+// quotaReader fails with errQuota once more than left bytes pass (left < 0:
+// no cap).
+type quotaReader struct {
+	r    io.Reader
+	left int64
+}
+
+func (q *quotaReader) Read(p []byte) (int, error) {
+	n, err := q.r.Read(p)
+	if q.left >= 0 {
+		if q.left -= int64(n); q.left < 0 {
+			return n, errQuota
+		}
+	}
+	return n, err
+}
+
+// syncSandbox asks a running sandbox to write what its kernel (gVisor's
+// sentry) holds back to the host's file system.
+func (m *Manager) syncSandbox(ctx context.Context, ses *store.Session) {
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	res, err := m.rt.Exec(sctx, ses.ContainerID, runsc.ExecRequest{Args: []string{"/bin/sync"}, Env: []string{"PATH=/usr/bin:/bin"}, Cwd: "/",
+		Stdout: io.Discard, Stderr: io.Discard, Timeout: 30 * time.Second})
+	if err != nil || res.ExitCode != 0 {
+		m.log.Warn("sync before save", "session", ses.SessionID, "exit", res.ExitCode, "err", err)
+	}
+}
+
+// saveLocked packs the session's disk into its organization's storage as
+// the next generation and records it on the row. With live, the sandbox
+// runs: it is synced and frozen first and left frozen (the caller thaws it
+// if the save fails, or destroys it). Older generations stay until
+// dropOldSavesLocked. A quota that would be passed is errdefs.ErrNoSpace.
+func (m *Manager) saveLocked(ctx context.Context, ses *store.Session, live bool) error {
+	ctx, cancel := saveContext(ctx)
+	defer cancel()
+	if live {
+		m.syncSandbox(ctx, ses)
+		if err := m.disks.Freeze(ctx, ses.ContainerID); err != nil {
+			return fmt.Errorf("freeze: %w", err)
+		}
+		m.hang("save-frozen")
+	}
+	mu := m.orgSaveLock(ses.OrgID)
+	mu.Lock()
+	defer mu.Unlock()
+	left := int64(-1)
+	var others int64
+	if m.quota > 0 {
+		list, err := m.storage.List(ctx, ses.OrgID, "")
+		if err != nil {
+			return fmt.Errorf("list storage: %w", err)
+		}
+		for _, o := range list {
+			if !strings.HasPrefix(o.Name, objectPrefix(ses.ID)) { // this session's are replaced
+				others += o.Size
+			}
+		}
+		left = max(m.quota-others, 0)
+	}
+	gen := ses.Saved.Generation + 1
+	name := objectName(ses.ID, gen)
+	start := time.Now()
+	pr, pw := io.Pipe()
+	packed := make(chan archive.Stats, 1)
+	go func() { // ends when SaveDisk does: Put reads until EOF, or closes pr
+		st, err := m.disks.SaveDisk(ctx, ses.ContainerID, pw)
+		pw.CloseWithError(err)
+		packed <- st
+	}()
+	src := io.Reader(&quotaReader{r: pr, left: left})
+	if hangAt != "" {
+		src = &hangReader{r: src, hang: func() { m.hang("save-writing") }}
+	}
+	info, err := m.storage.Put(ctx, ses.OrgID, name, src)
+	pr.CloseWithError(errors.New("save aborted"))
+	st := <-packed
+	if errors.Is(err, errQuota) {
+		m.events.Event(ses.ID, "save_failed", map[string]any{"reason": "quota"})
+		return errdefs.NoSpace("saving this session would pass your organization's storage quota (%d MiB; %d MiB used by other sessions' saves); "+
+			"the session keeps its data: delete sessions you no longer need and retry the teardown", m.quota>>20, others>>20)
+	}
+	if err != nil {
+		m.events.Event(ses.ID, "save_failed", nil)
+		return fmt.Errorf("save: %w", err)
+	}
+	now := m.now()
+	sv := store.Saved{Object: name, Bytes: info.Size, SHA256: info.SHA256, At: &now, Generation: gen}
+	if err := m.db.SetSaved(ctx, ses.ID, sv); err != nil {
+		if derr := m.storage.Delete(ctx, ses.OrgID, name); derr != nil {
+			m.log.Warn("drop unrecorded save", "session", ses.SessionID, "err", derr)
+		}
+		return err
+	}
+	ses.Saved = sv
+	m.hang("save-recorded")
+	m.events.Event(ses.ID, "saved", map[string]any{"bytes": info.Size, "files": st.Files, "dataBytes": st.Bytes,
+		"generation": gen, "ms": time.Since(start).Milliseconds()})
+	return nil
+}
+
+// dropOldSavesLocked deletes every object of the session but its recorded
+// save (older generations, a save a crash left unrecorded).
+func (m *Manager) dropOldSavesLocked(ctx context.Context, ses *store.Session) error {
+	list, err := m.storage.List(ctx, ses.OrgID, objectPrefix(ses.ID))
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, o := range list {
+		if o.Name != ses.Saved.Object {
+			errs = append(errs, m.storage.Delete(ctx, ses.OrgID, o.Name))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// prepareDiskLocked makes sure a stopped session's sandbox has its disk
+// before it starts again or its files are read: the local disk when it is
+// a clean copy of the recorded save or newer than any save, else the save
+// restored (verified) from storage.
+func (m *Manager) prepareDiskLocked(ctx context.Context, ses *store.Session) error {
+	if !m.saving() || ses.Saved.Object == "" {
+		return nil
+	}
+	present, sum := m.disks.DiskCache(ses.ContainerID)
+	if present && (sum == "" || sum == ses.Saved.SHA256) {
+		return nil
+	}
+	ctx, cancel := saveContext(ctx)
+	defer cancel()
+	start := time.Now()
+	rc, info, err := m.storage.Get(ctx, ses.OrgID, ses.Saved.Object)
+	if err != nil {
+		return fmt.Errorf("open save: %w", err)
+	}
+	defer rc.Close()
+	if info.SHA256 != ses.Saved.SHA256 {
+		return fmt.Errorf("save %s: checksum %s, recorded %s", ses.Saved.Object, info.SHA256, ses.Saved.SHA256)
+	}
+	src := io.Reader(rc)
+	if hangAt != "" {
+		src = &hangReader{r: src, hang: func() { m.hang("restore-reading") }}
+	}
+	st, err := m.disks.RestoreDisk(ctx, ses.ContainerID, int64(ses.DiskMiB), src, ses.Saved.SHA256)
+	if err != nil {
+		m.events.Event(ses.ID, "restore_failed", nil)
+		return err
+	}
+	m.events.Event(ses.ID, "restored", map[string]any{"bytes": info.Size, "files": st.Files, "generation": ses.Saved.Generation,
+		"ms": time.Since(start).Milliseconds()})
+	return nil
+}
+
+// EnsureDiskLocked gives a stopped or failed session's sandbox its disk
+// (restored from its save when the node has none), for reading its files.
+// The caller holds the session's lock (Use).
+func (m *Manager) EnsureDiskLocked(ctx context.Context, ses *store.Session) error {
+	if ses.Status != store.StatusStopped && ses.Status != store.StatusFailed {
+		return nil
+	}
+	if err := m.prepareDiskLocked(ctx, ses); err != nil {
+		m.log.Error("restore for files", "session", ses.SessionID, "err", err)
+		return errdefs.Unavailable("the session's saved workspace could not be restored; retry later")
+	}
+	return nil
+}
+
+// deleteSavesLocked removes every object of a session (delete).
+func (m *Manager) deleteSavesLocked(ctx context.Context, ses *store.Session) error {
+	if m.storage == nil {
+		return nil
+	}
+	keep := ses.Saved
+	ses.Saved = store.Saved{}
+	err := m.dropOldSavesLocked(ctx, ses)
+	ses.Saved = keep
+	return err
+}
+
+// finishInterruptedSaveLocked completes the save of a teardown a crash
+// interrupted (the sandbox destroyed, its disk kept): unless the disk is
+// already marked as the recorded save, it is saved again from the disk. If
+// that fails the session still stops: its local disk, newer than any save,
+// is what a resume uses.
+func (m *Manager) finishInterruptedSaveLocked(ctx context.Context, ses *store.Session) {
+	if !m.saving() {
+		return
+	}
+	// A disk with a marker is a clean copy of a save (the recorded one, or
+	// one older than a save made elsewhere): nothing newer to save.
+	if present, sum := m.disks.DiskCache(ses.ContainerID); present && sum == "" {
+		if err := m.saveLocked(ctx, ses, false); err != nil {
+			m.log.Error("reconcile: save", "session", ses.SessionID, "err", err)
+			return
+		}
+		m.finishSaveLocked(ctx, ses)
+		return
+	}
+	if err := m.dropOldSavesLocked(ctx, ses); err != nil { // a save a crash left unrecorded
+		m.log.Warn("reconcile: drop old saves", "session", ses.SessionID, "err", err)
+	}
+}
