@@ -48,13 +48,24 @@ func (u *undoStack) run() {
 // container, cgroups) and nothing is left behind. An existing disk.img (from
 // a teardown) is reused, so its files come back.
 func (r *Runtime) Create(ctx context.Context, sb Sandbox) (err error) {
+	r.warmed.Delete(sb.ID) // a new agent starts without a pool
+	return r.setup(ctx, sb, func(ctx context.Context) error {
+		if _, err := r.run(ctx, "start", sb.ID); err != nil {
+			return fmt.Errorf("start: %w", err)
+		}
+		return nil
+	})
+}
+
+// setup prepares and creates sandbox sb, then runs start (runsc start, or
+// restore) on it, undoing every step if any fails.
+func (r *Runtime) setup(ctx context.Context, sb Sandbox, start func(context.Context) error) (err error) {
 	if !r.Owns(sb.ID) {
 		return fmt.Errorf("container id %q not made by this runtime", sb.ID)
 	}
 	if err := sb.Limits.validate(); err != nil {
 		return err
 	}
-	r.warmed.Delete(sb.ID) // a new agent starts without a pool
 	var undo undoStack
 	defer func() {
 		if err != nil {
@@ -115,8 +126,8 @@ func (r *Runtime) Create(ctx context.Context, sb Sandbox) (err error) {
 	if err := r.create(ctx, sb.ID); err != nil {
 		return err
 	}
-	if _, err := r.run(ctx, "start", sb.ID); err != nil {
-		return fmt.Errorf("start: %w", err)
+	if err := start(ctx); err != nil {
+		return err
 	}
 	// The agent comes up a few milliseconds after start; Create does not
 	// wait for it: commands use runsc exec until it answers, and Start
@@ -202,13 +213,15 @@ func (r *Runtime) Destroy(ctx context.Context, id string, o DestroyOpts) error {
 	if err := deleteSandboxNet(id); err != nil {
 		errs = append(errs, err)
 	}
+	r.AbandonParked(id)
+	r.procs.Delete(id)
 	d := r.dir(id)
 	if err := r.unmountDisk(id); err != nil {
 		errs = append(errs, err)
 		return errors.Join(errs...) // never delete through a live mount
 	}
 	if o.KeepDisk {
-		for _, name := range []string{"config.json", "sandbox.pid", "rootfs", "disk", "exec", "run"} {
+		for _, name := range []string{"config.json", "sandbox.pid", "rootfs", "disk", "exec", "run", checkpointDir} {
 			p := filepath.Join(d, name)
 			if err := os.RemoveAll(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
 				errs = append(errs, err)
