@@ -136,6 +136,11 @@ CREATE TABLE git_credentials (
 	created_at INTEGER NOT NULL
 );
 `,
+	// 5: what a session's idle timeout does (pause with memory or tear
+	// down); '' is the server's default.
+	`
+ALTER TABLE sessions ADD COLUMN idle_action TEXT NOT NULL DEFAULT '';
+`,
 }
 
 // migrate applies every migration not yet recorded in schema_migrations,

@@ -24,6 +24,7 @@ type Session struct {
 	Env                               map[string]string // stored as JSON
 	SecretNames                       []string          // names only, stored as JSON
 	IdleTimeoutSeconds                int
+	IdleAction                        string // what the idle timeout does: "teardown", "pause" ("": the server's default)
 	EgressBytesUsed, EgressBytesLimit int64
 	CreditsUsed                       float64
 	CreatedAt                         time.Time
@@ -34,7 +35,7 @@ type Session struct {
 const sessionCols = `id, org_id, project_id, session_id, created_by, container_id, status, status_reason,
 	size, requested_size, vcpus, memory_mib, disk_mib, pids, credits_per_hour, git_repo, git_branch,
 	env, secret_names, idle_timeout_seconds, egress_bytes_used, egress_bytes_limit, credits_used,
-	created_at, started_at, stopped_at, updated_at`
+	created_at, started_at, stopped_at, updated_at, idle_action`
 
 func scanSession(r rowScanner) (Session, error) {
 	var (
@@ -46,7 +47,7 @@ func scanSession(r rowScanner) (Session, error) {
 	err := r.Scan(&s.ID, &s.OrgID, &s.ProjectID, &s.SessionID, &s.CreatedBy, &s.ContainerID, &s.Status, &s.StatusReason,
 		&s.Size, &s.RequestedSize, &s.VCPUs, &s.MemoryMiB, &s.DiskMiB, &s.Pids, &s.CreditsPerHour, &s.GitRepo, &s.GitBranch,
 		&env, &secrets, &s.IdleTimeoutSeconds, &s.EgressBytesUsed, &s.EgressBytesLimit, &s.CreditsUsed,
-		&created, &started, &stopped, &updated)
+		&created, &started, &stopped, &updated, &s.IdleAction)
 	if err != nil {
 		return Session{}, err
 	}
@@ -97,11 +98,11 @@ func (db *DB) InsertSession(ctx context.Context, s *Session) error {
 		return fmt.Errorf("store: insert session %s: secret names: %w", s.SessionID, err)
 	}
 	_, err = db.w.ExecContext(ctx, `INSERT INTO sessions(`+sessionCols+`)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		s.ID, s.OrgID, s.ProjectID, s.SessionID, s.CreatedBy, s.ContainerID, s.Status, s.StatusReason,
 		s.Size, s.RequestedSize, s.VCPUs, s.MemoryMiB, s.DiskMiB, s.Pids, s.CreditsPerHour, s.GitRepo, s.GitBranch,
 		env, secrets, s.IdleTimeoutSeconds, s.EgressBytesUsed, s.EgressBytesLimit, s.CreditsUsed,
-		ts(s.CreatedAt), nullTS(s.StartedAt), nullTS(s.StoppedAt), ts(s.UpdatedAt))
+		ts(s.CreatedAt), nullTS(s.StartedAt), nullTS(s.StoppedAt), ts(s.UpdatedAt), s.IdleAction)
 	if isUnique(err) {
 		err = ErrConflict
 	}

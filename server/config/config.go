@@ -91,7 +91,17 @@ type Limits struct {
 	TerminalIdleSeconds  int   `yaml:"terminalIdleSeconds"`
 	MaxAPIConns          int   `yaml:"maxAPIConns"`
 	APIIdleSeconds       int   `yaml:"apiIdleSeconds"`
+	// IdleAction is what a session's idle timeout does unless its
+	// provision chose: IdleTeardown or IdlePause.
+	IdleAction string `yaml:"idleAction"`
 }
+
+// What an idle timeout does: tear the sandbox down (processes end, the
+// disk is kept) or pause it with its memory (processes resume).
+const (
+	IdleTeardown = "teardown"
+	IdlePause    = "pause"
+)
 
 // Portal is where browsers reach sandboxes (configs/sandboxd.yaml
 // documents each).
@@ -225,6 +235,9 @@ func (c *Config) validate() error {
 		l.MaxExecsPerSession < 1 || l.MaxMemoryMiB < 0 || l.MinFreeDiskMiB < 0 || l.TerminalIdleSeconds < 1 ||
 		l.MaxAPIConns < 0 || l.APIIdleSeconds < 1 {
 		errs = append(errs, errors.New("limits: out of range"))
+	}
+	if l.IdleAction != IdleTeardown && l.IdleAction != IdlePause {
+		errs = append(errs, fmt.Errorf("limits.idleAction: %q is not teardown or pause", l.IdleAction))
 	}
 	return errors.Join(errs...)
 }
