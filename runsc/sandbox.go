@@ -184,7 +184,7 @@ func lastLine(path string) string {
 type DestroyOpts struct {
 	// KeepDisk keeps disk.img, the saved workspace (the sandbox's writable
 	// state: /workspace, /tmp, the root layer), for a later Create with the
-	// same id. It is the one place a saved workspace lives today; an
+	// same id, and a checkpoint image (its owner deletes it). It is the one place a saved workspace lives today; an
 	// archive (e.g. S3-compatible) would take it from here.
 	KeepDisk bool
 }
@@ -221,7 +221,7 @@ func (r *Runtime) Destroy(ctx context.Context, id string, o DestroyOpts) error {
 		return errors.Join(errs...) // never delete through a live mount
 	}
 	if o.KeepDisk {
-		for _, name := range []string{"config.json", "sandbox.pid", "rootfs", "disk", "exec", "run", checkpointDir} {
+		for _, name := range []string{"config.json", "sandbox.pid", "rootfs", "disk", "exec", "run"} {
 			p := filepath.Join(d, name)
 			if err := os.RemoveAll(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
 				errs = append(errs, err)

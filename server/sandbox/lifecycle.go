@@ -25,13 +25,14 @@ import (
 //	failed       -> stopping -> stopped (teardown releases what is left)
 //	stopped      -> provisioning -> running (resume on the kept disk)
 //	provisioning -> stopped            (resume failed: the disk is kept)
+//	running      -> paused             (pause: checkpoint with memory, pause.go)
+//	paused       -> provisioning -> running (resume restores the checkpoint)
+//	paused       -> stopping -> stopped (teardown drops the checkpoint)
 //	any          -> deleted            (delete; the id stays used)
-//
-// StatusPaused is part of the contract (filters, metrics) but no
-// transition reaches it yet: a placeholder until pause lands.
 var transitions = map[string][]string{
 	store.StatusProvisioning: {store.StatusRunning, store.StatusFailed, store.StatusStopped},
-	store.StatusRunning:      {store.StatusStopping, store.StatusFailed, store.StatusDeleted},
+	store.StatusRunning:      {store.StatusStopping, store.StatusFailed, store.StatusDeleted, store.StatusPaused},
+	store.StatusPaused:       {store.StatusProvisioning, store.StatusStopping, store.StatusDeleted},
 	store.StatusStopping:     {store.StatusStopped, store.StatusFailed},
 	store.StatusFailed:       {store.StatusStopping, store.StatusDeleted},
 	store.StatusStopped:      {store.StatusProvisioning, store.StatusDeleted},
@@ -161,6 +162,7 @@ type Spec struct {
 	RequestedSize      string
 	Env, Secrets       map[string]string
 	IdleTimeoutSeconds int
+	IdleAction         string // "", config.IdleTeardown or config.IdlePause
 	GitRepo, GitBranch string
 }
 
@@ -188,7 +190,7 @@ func (m *Manager) Provision(ctx context.Context, p store.Principal, spec Spec) (
 		Size: z.Name, RequestedSize: spec.RequestedSize, VCPUs: z.VCPUs, MemoryMiB: z.MemoryMiB,
 		DiskMiB: z.DiskMiB, Pids: z.Pids, CreditsPerHour: z.CreditsPerHour, EgressBytesLimit: z.EgressBytes(),
 		GitRepo: spec.GitRepo, GitBranch: spec.GitBranch, Env: spec.Env, SecretNames: names,
-		IdleTimeoutSeconds: spec.IdleTimeoutSeconds,
+		IdleTimeoutSeconds: spec.IdleTimeoutSeconds, IdleAction: spec.IdleAction,
 	}
 	if ses.RequestedSize == "" {
 		ses.RequestedSize = z.Name
@@ -263,8 +265,13 @@ func (m *Manager) Resume(ctx context.Context, orgID, sessionID string) (_ store.
 			return store.Session{}, err
 		}
 	case store.StatusStopped:
+	case store.StatusPaused:
+		if err := m.resumePausedLocked(ctx, ses); err != nil {
+			return store.Session{}, err
+		}
+		return *ses, nil
 	default:
-		return store.Session{}, errdefs.Conflict("session is %s; only a stopped or failed session can be resumed", ses.Status)
+		return store.Session{}, errdefs.Conflict("session is %s; only a stopped, paused or failed session can be resumed", ses.Status)
 	}
 	var undo undoStack
 	defer func() {
@@ -361,7 +368,7 @@ func (m *Manager) setStatusLocked(ctx context.Context, ses *store.Session, to, r
 	switch to {
 	case store.StatusRunning:
 		ses.StartedAt, ses.StoppedAt = &now, nil
-	case store.StatusStopped, store.StatusFailed:
+	case store.StatusStopped, store.StatusFailed, store.StatusPaused:
 		if ses.StoppedAt == nil {
 			ses.StoppedAt = &now
 			ses.CreditsUsed += Credits(ses, now)
@@ -435,9 +442,9 @@ func (m *Manager) teardownLocked(ctx context.Context, ses *store.Session) (Teard
 	switch ses.Status {
 	case store.StatusStopped:
 		return res, nil
-	case store.StatusRunning, store.StatusFailed, store.StatusStopping:
+	case store.StatusRunning, store.StatusFailed, store.StatusStopping, store.StatusPaused:
 	default:
-		return res, errdefs.Conflict("session is %s; only a running or failed session can be torn down", ses.Status)
+		return res, errdefs.Conflict("session is %s; only a running, paused or failed session can be torn down", ses.Status)
 	}
 	if ses.Status != store.StatusStopping {
 		wasLive := ses.Status == store.StatusRunning
@@ -461,6 +468,7 @@ func (m *Manager) teardownLocked(ctx context.Context, ses *store.Session) (Teard
 		m.log.Error("teardown", "session", ses.SessionID, "err", err)
 		return res, errdefs.Unavailable("the sandbox could not be stopped completely; retry the teardown")
 	}
+	m.dropCheckpoint(dctx, ses) // a paused session's memory is not kept
 	m.events.Event(ses.ID, "stopped", map[string]any{"workspaceBytes": res.WorkspaceBytes})
 	return res, m.setStatusLocked(dctx, ses, store.StatusStopped, ses.StatusReason)
 }
@@ -488,6 +496,7 @@ func (m *Manager) Delete(ctx context.Context, orgID, sessionID string) error {
 		m.log.Error("delete", "session", ses.SessionID, "err", err)
 		return errdefs.Unavailable("the sandbox could not be removed completely; retry the delete")
 	}
+	m.dropCheckpoint(dctx, ses)
 	if live {
 		if ses.Status == store.StatusRunning {
 			m.release(ses.OrgID, ses.MemoryMiB)
@@ -690,6 +699,10 @@ func (m *Manager) sweepOneLocked(ctx context.Context, pk string) {
 		return
 	}
 	m.persistEgress(ctx, &cur)
+	if m.idle(&cur, m.now()) && m.IdleAction(&cur) == config.IdlePause {
+		m.idlePauseLocked(ctx, &cur)
+		return
+	}
 	if m.idle(&cur, m.now()) {
 		m.log.Info("idle timeout: tearing down", "session", cur.SessionID, "idleTimeoutSeconds", cur.IdleTimeoutSeconds)
 		_, err := m.teardownLocked(ctx, &cur)
