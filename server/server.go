@@ -54,6 +54,7 @@ type Runtime interface {
 	portal.Dialer
 	KernelLog(id string) string
 	ReleaseIdle()
+	CheckpointDir(id string) string // where a pause's image lives (sandbox.LocalImages)
 }
 
 var _ Runtime = (*runsc.Runtime)(nil)
