@@ -39,6 +39,7 @@ func (r *Runtime) StartDirect(ctx context.Context, id string, s agent.Spec) (Pro
 	if err != nil {
 		return nil, err // never a typed nil
 	}
+	r.trackDirect(id, p)
 	return p, nil
 }
 

@@ -75,6 +75,7 @@ func (r *Runtime) Start(ctx context.Context, id string, s agent.Spec) (Process, 
 	for {
 		p, err := r.Agent(id).Start(ctx, s)
 		if err == nil {
+			r.track(id, p)
 			return p, nil
 		}
 		var ae *agent.AgentError
@@ -104,6 +105,9 @@ func (r *Runtime) execAgent(ctx context.Context, id string, req ExecRequest) (re
 	p, err := r.Agent(id).Start(sctx, agent.Spec{Args: req.Args, Env: req.Env, Cwd: req.Cwd,
 		UID: UserUID, GID: UserGID, Stdin: req.Stdin != nil})
 	cancel()
+	if err == nil {
+		r.track(id, p)
+	}
 	if err != nil {
 		var ae *agent.AgentError
 		if !errors.As(err, &ae) {

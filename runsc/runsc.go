@@ -59,6 +59,7 @@ type Runtime struct {
 	cg     cgroupLayout
 	cpus   cpuPlacer // cpusets chosen for sandboxes being created
 	warmed sync.Map  // container id -> base env its agent's warm pool has
+	procs  sync.Map  // container id -> *procSet: processes a checkpoint parks
 }
 
 // ErrNotFound is returned for a sandbox runsc does not know.

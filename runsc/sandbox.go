@@ -48,13 +48,24 @@ func (u *undoStack) run() {
 // container, cgroups) and nothing is left behind. An existing disk.img (from
 // a teardown) is reused, so its files come back.
 func (r *Runtime) Create(ctx context.Context, sb Sandbox) (err error) {
+	r.warmed.Delete(sb.ID) // a new agent starts without a pool
+	return r.setup(ctx, sb, func(ctx context.Context) error {
+		if _, err := r.run(ctx, "start", sb.ID); err != nil {
+			return fmt.Errorf("start: %w", err)
+		}
+		return nil
+	})
+}
+
+// setup prepares and creates sandbox sb, then runs start (runsc start, or
+// restore) on it, undoing every step if any fails.
+func (r *Runtime) setup(ctx context.Context, sb Sandbox, start func(context.Context) error) (err error) {
 	if !r.Owns(sb.ID) {
 		return fmt.Errorf("container id %q not made by this runtime", sb.ID)
 	}
 	if err := sb.Limits.validate(); err != nil {
 		return err
 	}
-	r.warmed.Delete(sb.ID) // a new agent starts without a pool
 	var undo undoStack
 	defer func() {
 		if err != nil {
@@ -119,8 +130,8 @@ func (r *Runtime) Create(ctx context.Context, sb Sandbox) (err error) {
 	if err := r.create(ctx, sb.ID); err != nil {
 		return err
 	}
-	if _, err := r.run(ctx, "start", sb.ID); err != nil {
-		return fmt.Errorf("start: %w", err)
+	if err := start(ctx); err != nil {
+		return err
 	}
 	// The agent comes up a few milliseconds after start; Create does not
 	// wait for it: commands use runsc exec until it answers, and Start
@@ -178,7 +189,8 @@ type DestroyOpts struct {
 	// KeepDisk keeps disk.img (the sandbox's writable state: /workspace,
 	// /tmp, the root layer) and its disk.saved marker for a later Create
 	// with the same id: the node's cache of the session's save in the
-	// organization's storage (see save.go).
+	// organization's storage (see save.go). It also keeps a checkpoint
+	// image (pause; its owner deletes it).
 	KeepDisk bool
 }
 
@@ -206,6 +218,8 @@ func (r *Runtime) Destroy(ctx context.Context, id string, o DestroyOpts) error {
 	if err := deleteSandboxNet(id); err != nil {
 		errs = append(errs, err)
 	}
+	r.AbandonParked(id)
+	r.procs.Delete(id)
 	d := r.dir(id)
 	if err := errors.Join(r.unmountDisk(id), unmount(filepath.Join(d, restoreMnt))); err != nil {
 		errs = append(errs, err)

@@ -72,6 +72,7 @@ func (s *Server) routes() *gin.Engine {
 	op("GET", "/sandbox/:sessionId", "sandbox.get", PermProjectRead, s.getSandbox)
 	op("POST", "/sandbox/:sessionId/teardown", "sandbox.teardown", PermProjectUpdate, s.teardown)
 	op("POST", "/sandbox/:sessionId/resume", "sandbox.resume", PermProjectUpdate, s.resume)
+	op("POST", "/sandbox/:sessionId/pause", "sandbox.pause", PermProjectUpdate, s.pause)
 	op("DELETE", "/sandbox/:sessionId", "sandbox.delete", PermProjectUpdate, s.deleteSandbox)
 	op("POST", "/sandbox/terminal/:sessionId", "sandbox.terminal", PermProjectUpdate, s.exec)
 	op("POST", "/sandbox/python/:sessionId", "sandbox.python", PermProjectUpdate, s.runCode("python"))

@@ -24,6 +24,7 @@ type provisionRequest struct {
 	Env                map[string]string `json:"env"`
 	Secrets            map[string]string `json:"secrets"`
 	IdleTimeoutSeconds *int              `json:"idleTimeoutSeconds"`
+	IdleAction         string            `json:"idleAction"`
 }
 
 func (s *Server) validateProvision(req *provisionRequest) (config.Size, error) {
@@ -47,6 +48,9 @@ func (s *Server) validateProvision(req *provisionRequest) (config.Size, error) {
 		if !validBranch(req.GitBranch) {
 			return config.Size{}, errdefs.Invalid("gitBranch: not a valid git branch name").WithCode("invalid_branch")
 		}
+	}
+	if req.IdleAction != "" && req.IdleAction != config.IdleTeardown && req.IdleAction != config.IdlePause {
+		return config.Size{}, badRequest("idleAction: must be teardown or pause")
 	}
 	if e := checkEnv("env", req.Env); e != nil {
 		return config.Size{}, e
@@ -98,7 +102,8 @@ func (s *Server) provision(c *gin.Context) {
 	start := time.Now()
 	ses, err := s.sessions.Provision(c.Request.Context(), principal(c), sandbox.Spec{
 		SessionID: req.SessionID, ProjectID: req.ProjectID, Size: size, RequestedSize: req.Size,
-		Env: req.Env, Secrets: req.Secrets, IdleTimeoutSeconds: idle, GitRepo: req.GitRepo, GitBranch: req.GitBranch,
+		Env: req.Env, Secrets: req.Secrets, IdleTimeoutSeconds: idle, IdleAction: req.IdleAction,
+		GitRepo: req.GitRepo, GitBranch: req.GitBranch,
 	})
 	if err != nil {
 		s.writeError(c, err)
@@ -199,6 +204,23 @@ type teardownResult struct {
 	GitError       *string  `json:"gitError"`
 }
 
+// pause: POST /v1/sandbox/:sessionId/pause (sandbox.Manager.Pause): a
+// checkpoint with memory; resume brings the processes back.
+func (s *Server) pause(c *gin.Context) {
+	id, ok := s.sessionID(c)
+	if !ok {
+		return
+	}
+	start := time.Now()
+	ses, err := s.sessions.Pause(c.Request.Context(), principal(c).Org.ID, id)
+	if err != nil {
+		s.writeError(c, err)
+		return
+	}
+	auditDetail(c, "pauseMs", time.Since(start).Milliseconds())
+	c.JSON(http.StatusOK, s.sandboxJSON(c.Request, &ses))
+}
+
 // resume: POST /v1/sandbox/:sessionId/resume (sandbox.Manager.Resume).
 func (s *Server) resume(c *gin.Context) {
 	id, ok := s.sessionID(c)
@@ -240,6 +262,8 @@ type sandboxObject struct {
 	GitRepo       *string           `json:"gitRepo"`
 	GitBranch     *string           `json:"gitBranch"`
 	SecretNames   []string          `json:"secretNames"`
+	IdleTimeout   int               `json:"idleTimeoutSeconds"`
+	IdleAction    string            `json:"idleAction"`
 	CreatedAt     time.Time         `json:"createdAt"`
 	StartedAt     *time.Time        `json:"startedAt"`
 	StoppedAt     *time.Time        `json:"stoppedAt"`
@@ -289,8 +313,8 @@ func (s *Server) sandboxJSON(r *http.Request, ses *store.Session) sandboxObject 
 		Size: ses.Size, RequestedSize: ses.RequestedSize,
 		Resources: resources{VCPUs: ses.VCPUs, MemoryMiB: ses.MemoryMiB, DiskMiB: ses.DiskMiB},
 		GitRepo:   strPtr(ses.GitRepo), GitBranch: strPtr(ses.GitBranch),
-		SecretNames: names,
-		CreatedAt:   ses.CreatedAt, StartedAt: ses.StartedAt, StoppedAt: ses.StoppedAt,
+		SecretNames: names, IdleTimeout: ses.IdleTimeoutSeconds, IdleAction: s.sessions.IdleAction(ses),
+		CreatedAt: ses.CreatedAt, StartedAt: ses.StartedAt, StoppedAt: ses.StoppedAt,
 		Egress:  egressUsage{BytesUsed: ses.EgressBytesUsed, BytesLimit: ses.EgressBytesLimit},
 		Credits: creditUsage{Used: sandbox.CreditsUsed(ses, time.Now().UTC())},
 		URLs:    s.sandboxURLs(r, ses),

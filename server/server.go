@@ -56,6 +56,7 @@ type Runtime interface {
 	portal.Dialer
 	KernelLog(id string) string
 	ReleaseIdle()
+	CheckpointDir(id string) string // where a pause's image lives (sandbox.LocalImages)
 }
 
 var _ Runtime = (*runsc.Runtime)(nil)
@@ -288,6 +289,20 @@ func (h sessionHooks) Stopped(pk string) {
 	h.s.contexts.CloseSession(pk)
 	h.s.portal.StopSession(pk)
 	h.s.logs.StopTail(pk)
+}
+
+// Paused: terminals and code contexts keep their processes (the driver
+// parks and re-attaches them); sockets into the sandbox (viewers, the
+// portal's services and pooled connections) and the log tail let go.
+func (h sessionHooks) Paused(pk string) {
+	h.s.terms.Pause(pk)
+	h.s.portal.StopSession(pk)
+	h.s.logs.StopTail(pk)
+}
+
+func (h sessionHooks) Resumed(ses *store.Session) {
+	h.s.terms.Resume(ses.ID)
+	h.s.logs.StartTail(ses.ID, h.s.rt.KernelLog(ses.ContainerID))
 }
 
 func (h sessionHooks) Deleted(pk string) {

@@ -145,6 +145,11 @@ ALTER TABLE sessions ADD COLUMN saved_sha256 TEXT NOT NULL DEFAULT '';
 ALTER TABLE sessions ADD COLUMN saved_at INTEGER;
 ALTER TABLE sessions ADD COLUMN saved_generation INTEGER NOT NULL DEFAULT 0;
 `,
+	// 6: what a session's idle timeout does (pause with memory or tear
+	// down); '' is the server's default.
+	`
+ALTER TABLE sessions ADD COLUMN idle_action TEXT NOT NULL DEFAULT '';
+`,
 }
 
 // migrate applies every migration not yet recorded in schema_migrations,

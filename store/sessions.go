@@ -24,6 +24,7 @@ type Session struct {
 	Env                               map[string]string // stored as JSON
 	SecretNames                       []string          // names only, stored as JSON
 	IdleTimeoutSeconds                int
+	IdleAction                        string // what the idle timeout does: "teardown", "pause" ("": the server's default)
 	EgressBytesUsed, EgressBytesLimit int64
 	CreditsUsed                       float64
 	CreatedAt                         time.Time
@@ -48,7 +49,7 @@ const sessionCols = `id, org_id, project_id, session_id, created_by, container_i
 	size, requested_size, vcpus, memory_mib, disk_mib, pids, credits_per_hour, git_repo, git_branch,
 	env, secret_names, idle_timeout_seconds, egress_bytes_used, egress_bytes_limit, credits_used,
 	created_at, started_at, stopped_at, updated_at,
-	saved_object, saved_bytes, saved_sha256, saved_at, saved_generation`
+	saved_object, saved_bytes, saved_sha256, saved_at, saved_generation, idle_action`
 
 func scanSession(r rowScanner) (Session, error) {
 	var (
@@ -62,7 +63,7 @@ func scanSession(r rowScanner) (Session, error) {
 		&s.Size, &s.RequestedSize, &s.VCPUs, &s.MemoryMiB, &s.DiskMiB, &s.Pids, &s.CreditsPerHour, &s.GitRepo, &s.GitBranch,
 		&env, &secrets, &s.IdleTimeoutSeconds, &s.EgressBytesUsed, &s.EgressBytesLimit, &s.CreditsUsed,
 		&created, &started, &stopped, &updated,
-		&s.Saved.Object, &s.Saved.Bytes, &s.Saved.SHA256, &savedAt, &s.Saved.Generation)
+		&s.Saved.Object, &s.Saved.Bytes, &s.Saved.SHA256, &savedAt, &s.Saved.Generation, &s.IdleAction)
 	if err != nil {
 		return Session{}, err
 	}
@@ -115,12 +116,12 @@ func (db *DB) InsertSession(ctx context.Context, s *Session) error {
 	}
 	s.Saved.At = normTimePtr(s.Saved.At)
 	_, err = db.w.ExecContext(ctx, `INSERT INTO sessions(`+sessionCols+`)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		s.ID, s.OrgID, s.ProjectID, s.SessionID, s.CreatedBy, s.ContainerID, s.Status, s.StatusReason,
 		s.Size, s.RequestedSize, s.VCPUs, s.MemoryMiB, s.DiskMiB, s.Pids, s.CreditsPerHour, s.GitRepo, s.GitBranch,
 		env, secrets, s.IdleTimeoutSeconds, s.EgressBytesUsed, s.EgressBytesLimit, s.CreditsUsed,
 		ts(s.CreatedAt), nullTS(s.StartedAt), nullTS(s.StoppedAt), ts(s.UpdatedAt),
-		s.Saved.Object, s.Saved.Bytes, s.Saved.SHA256, nullTS(s.Saved.At), s.Saved.Generation)
+		s.Saved.Object, s.Saved.Bytes, s.Saved.SHA256, nullTS(s.Saved.At), s.Saved.Generation, s.IdleAction)
 	if isUnique(err) {
 		err = ErrConflict
 	}

@@ -138,6 +138,16 @@ func (h *Hub) Close() error {
 	return nil
 }
 
+// DropViewers ends every viewer with err (their sockets close) and keeps
+// the stream open for later viewers.
+func (h *Hub) DropViewers(err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for v := range h.viewers {
+		h.remove(v, err)
+	}
+}
+
 // Viewers counts attached viewers; idleSince is when the last one left
 // (zero while any is attached).
 func (h *Hub) Viewers() (n int, idleSince time.Time) {

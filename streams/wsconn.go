@@ -23,6 +23,7 @@ const (
 	CloseNormal        = websocket.CloseNormalClosure
 	ClosePolicy        = websocket.ClosePolicyViolation
 	CloseInternalError = websocket.CloseInternalServerErr
+	CloseGoingAway     = websocket.CloseGoingAway
 )
 
 // WSConn follows gorilla/websocket's concurrency contract for one socket:

@@ -51,7 +51,9 @@ func userAttr(uid, gid uint32) *syscall.SysProcAttr {
 	}
 }
 
-// serveStart runs a start request to its end: 'p', output, 'x'.
+// serveStart runs a start request to its end: 'p', output, 'x'. The
+// process's session survives a suspend (park.go): its frames then wait for
+// the client to attach again.
 func (s *server) serveStart(c *conn, req *agent.Request) {
 	p, err := s.start(req)
 	if err != nil {
@@ -64,7 +66,9 @@ func (s *server) serveStart(c *conn, req *agent.Request) {
 		return
 	}
 	defer p.closeFiles()
-	c.writeJSON(agent.FrameStarted, agent.Started{Pid: p.child.pid, Warm: p.warm})
+	ss := s.newSession(c, p.child)
+	defer s.dropSession(ss)
+	ss.writeJSON(agent.FrameStarted, agent.Started{Pid: p.child.pid, Warm: p.warm})
 
 	var pumps sync.WaitGroup
 	types := []byte{agent.FrameStdout, agent.FrameStderr}
@@ -72,13 +76,13 @@ func (s *server) serveStart(c *conn, req *agent.Request) {
 		pumps.Add(1)
 		go func() {
 			defer pumps.Done()
-			pump(c, f, types[i])
+			pump(ss, f, types[i])
 		}()
 	}
 	inputDone := make(chan struct{})
 	go func() {
 		defer close(inputDone)
-		s.input(c, p)
+		s.input(ss, p)
 	}()
 
 	<-p.child.done
@@ -87,10 +91,11 @@ func (s *server) serveStart(c *conn, req *agent.Request) {
 		f.SetReadDeadline(deadline)
 	}
 	pumps.Wait()
-	c.writeJSON(agent.FrameExit, exitStatus(p.child.status))
+	ss.writeJSON(agent.FrameExit, exitStatus(p.child.status))
+	ss.waitDelivered()
 	// End the input goroutine: it may be blocked on the connection or on
 	// a stdin that a background child holds but does not read.
-	c.nc.Close()
+	ss.finish()
 	if p.stdin != nil {
 		p.stdin.Close()
 	}
@@ -281,11 +286,11 @@ func setSize(fd int, cols, rows uint16) error {
 // the drain deadline; at the deadline it takes what is already buffered
 // without waiting. After a failed write it keeps reading and drops the
 // data, so the process never blocks on a dead client.
-func pump(c *conn, f *os.File, typ byte) {
+func pump(ss *session, f *os.File, typ byte) {
 	buf := make([]byte, 5+64<<10)
 	send := func(n int) {
 		agent.PutHeader(buf[:5+n], typ)
-		c.writeRaw(buf[:5+n])
+		ss.write(buf[:5+n])
 	}
 	rc, rcErr := f.SyscallConn()
 	for {
@@ -332,13 +337,29 @@ func pump(c *conn, f *os.File, typ byte) {
 }
 
 // input serves the client's frames until the connection ends. If it ends
-// before the process exited, the process group is killed.
-func (s *server) input(c *conn, p *proc) {
+// before the process exited, the process group is killed, unless a
+// suspend broke it: then it serves the next client that attaches.
+func (s *server) input(ss *session, p *proc) {
+	for {
+		c := ss.client()
+		if c == nil {
+			s.reaper.killRunning(p.child)
+			return
+		}
+		if err := s.inputFrom(c, p); err != nil && ss.park(c) {
+			continue
+		}
+		s.reaper.killRunning(p.child)
+		return
+	}
+}
+
+// inputFrom serves one connection's frames until it fails.
+func (s *server) inputFrom(c *conn, p *proc) error {
 	for {
 		typ, payload, err := agent.ReadFrame(c.br)
 		if err != nil {
-			s.reaper.killRunning(p.child)
-			return
+			return err
 		}
 		switch typ {
 		case agent.FrameStdin:

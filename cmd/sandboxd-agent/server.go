@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -11,6 +10,7 @@ import (
 	"os/signal"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -32,6 +32,18 @@ type server struct {
 	// killMu makes killall exclusive with starting processes, so nothing
 	// started during a killall escapes it.
 	killMu sync.RWMutex
+
+	socket string
+	// lnMu guards the listener and the suspend state (park.go).
+	lnMu      sync.Mutex
+	ln        *net.UnixListener // nil while suspended
+	suspended bool
+	epoch     int // times the agent listened again
+	conns     map[*conn]struct{}
+	acceptWG  sync.WaitGroup
+
+	smu      sync.Mutex
+	sessions map[int]*session // started processes by pid
 }
 
 // runServer serves the agent protocol on socket until SIGTERM or SIGINT.
@@ -39,7 +51,8 @@ type server struct {
 func runServer(socket string, serveMode bool) int {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})).
 		With("component", "agent")
-	s := &server{log: log, reaper: newReaper(), pid1: !serveMode && os.Getpid() == 1}
+	s := &server{log: log, reaper: newReaper(), pid1: !serveMode && os.Getpid() == 1,
+		socket: socket, conns: map[*conn]struct{}{}, sessions: map[int]*session{}}
 	s.pool = newPool(s)
 	if !s.pid1 {
 		// Orphans of the processes started here are re-parented to the
@@ -55,8 +68,8 @@ func runServer(socket string, serveMode bool) int {
 	}
 	go s.reaper.run()
 
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGUSR1)
 	ln, err := listen(socket)
 	if err != nil {
 		log.Error("listen", "err", err)
@@ -65,25 +78,30 @@ func runServer(socket string, serveMode bool) int {
 		}
 		// As init, keep the sandbox usable without the socket (runsc
 		// exec still works): go on reaping until SIGTERM.
-		<-sigs
-		return 0
-	}
-	go func() {
-		<-sigs
-		ln.Close()
-	}()
-	for {
-		c, err := ln.Accept()
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				break
+		for sig := range sigs {
+			if sig != syscall.SIGUSR1 {
+				return 0
 			}
-			log.Warn("accept", "err", err)
-			time.Sleep(10 * time.Millisecond)
-			continue
 		}
-		go s.handle(c.(*net.UnixConn))
 	}
+	s.ln = ln
+	s.acceptWG.Add(1)
+	go s.accept(ln)
+	// SIGUSR1: listen again after a suspend (a restore, or a checkpoint
+	// that failed); see park.go.
+	for sig := range sigs {
+		if sig != syscall.SIGUSR1 {
+			break
+		}
+		s.relisten()
+	}
+	s.lnMu.Lock()
+	if s.ln != nil {
+		s.ln.Close()
+		s.ln = nil
+	}
+	s.lnMu.Unlock()
+	s.acceptWG.Wait()
 	// Shutting down: as PID 1 the sandbox ends with us; in serve mode do
 	// not leave the warm shells and commands behind.
 	s.pool.configure(nil)
@@ -119,6 +137,8 @@ type conn struct {
 	wmu sync.Mutex
 	// werr is set after the first failed write: later output is dropped.
 	werr error
+	// cut: closed by a suspend (its session parks instead of ending).
+	cut atomic.Bool
 }
 
 func (c *conn) writeRaw(frame []byte) error {
@@ -135,12 +155,21 @@ func (c *conn) writeRaw(frame []byte) error {
 }
 
 func (c *conn) writeJSON(typ byte, v any) error {
-	b, err := json.Marshal(v)
+	b, err := jsonFrame(typ, v)
 	if err != nil {
 		return err
 	}
+	return c.writeRaw(b)
+}
+
+// jsonFrame encodes one frame with a JSON payload.
+func jsonFrame(typ byte, v any) ([]byte, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
 	frame := agent.AppendHeader(make([]byte, 0, 5+len(b)), typ, len(b))
-	return c.writeRaw(append(frame, b...))
+	return append(frame, b...), nil
 }
 
 func (c *conn) writeError(msg string) {
@@ -163,6 +192,18 @@ func (e *startError) Error() string { return fmt.Sprintf("%s: %v", e.msg, e.err)
 func (s *server) handle(nc *net.UnixConn) {
 	defer nc.Close()
 	c := &conn{nc: nc, br: bufio.NewReaderSize(nc, 64<<10)}
+	s.lnMu.Lock()
+	if s.suspended { // accepted just before a suspend
+		s.lnMu.Unlock()
+		return
+	}
+	s.conns[c] = struct{}{}
+	s.lnMu.Unlock()
+	defer func() {
+		s.lnMu.Lock()
+		delete(s.conns, c)
+		s.lnMu.Unlock()
+	}()
 	nc.SetReadDeadline(time.Now().Add(10 * time.Second))
 	line, err := agent.ReadRequestLine(c.br, agent.MaxRequest)
 	if err != nil {
@@ -186,6 +227,11 @@ func (s *server) handle(nc *net.UnixConn) {
 		s.serveWarm(c, &req)
 	case agent.OpDial:
 		serveDial(c, &req)
+	case agent.OpSuspend:
+		s.suspend(c)
+		c.writeOK()
+	case agent.OpAttach:
+		s.serveAttach(c, &req)
 	case agent.OpStats:
 		c.writeJSON(agent.FrameExit, agent.Stats{
 			Goroutines: runtime.NumGoroutine(), FDs: countFDs(), Warm: s.pool.readyCount(),

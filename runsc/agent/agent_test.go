@@ -700,3 +700,106 @@ func TestDial(t *testing.T) {
 		}
 	}
 }
+
+// readLines reads from r until it has seen n more newline-terminated
+// numbers, returning them.
+func readNumbers(t *testing.T, r io.Reader, n int, buf *[]byte) []int {
+	t.Helper()
+	var out []int
+	tmp := make([]byte, 4096)
+	for len(out) < n {
+		for {
+			i := bytes.IndexByte(*buf, '\n')
+			if i < 0 {
+				break
+			}
+			var v int
+			if _, err := fmt.Sscan(string((*buf)[:i]), &v); err != nil {
+				t.Fatalf("bad line %q", (*buf)[:i])
+			}
+			out = append(out, v)
+			*buf = (*buf)[i+1:]
+		}
+		if len(out) >= n {
+			break
+		}
+		k, err := r.Read(tmp)
+		*buf = append(*buf, tmp[:k]...)
+		if err != nil {
+			t.Fatalf("read after %v: %v", out, err)
+		}
+	}
+	return out
+}
+
+// TestSuspendReattach: a suspend closes the listener and the connections,
+// the processes go on parked, and after SIGUSR1 a reattach continues the
+// same process with no output lost or repeated. A reattach without a
+// suspend takes over the live connection.
+func TestSuspendReattach(t *testing.T) {
+	needAgent(t)
+	ctx := ctxT(t)
+	spec := Spec{Args: []string{"/bin/sh", "-c", "i=0; while :; do echo $i; i=$((i+1)); sleep 0.01; done"},
+		Env: baseEnv, Cwd: workDir, UID: testUID, GID: testGID, Stdin: true}
+	p, err := cl.Start(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	var buf []byte
+	seen := readNumbers(t, p.Stdout(), 5, &buf)
+
+	p.Park()
+	if err := cl.Suspend(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cl.Ping(ctx); err == nil {
+		t.Fatal("the agent answers while suspended")
+	}
+	if _, err := p.Stdin().Write([]byte("x")); !errors.Is(err, ErrParked) {
+		t.Fatalf("write while parked: %v", err)
+	}
+	time.Sleep(200 * time.Millisecond) // the loop goes on meanwhile
+	if p.Done() {
+		t.Fatal("a parked process ended")
+	}
+	agentCmd.Process.Signal(syscall.SIGUSR1)
+	for i := 0; ; i++ {
+		if _, err := cl.Ping(ctx); err == nil {
+			break
+		} else if i == 200 {
+			t.Fatalf("no listener after SIGUSR1: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := p.Reattach(ctx); err != nil {
+		t.Fatal(err)
+	}
+	seen = append(seen, readNumbers(t, p.Stdout(), 30, &buf)...)
+
+	// A reattach without a suspend (a checkpoint that failed before it)
+	// takes the connection over.
+	p.Park()
+	if err := p.Reattach(ctx); err != nil {
+		t.Fatal(err)
+	}
+	seen = append(seen, readNumbers(t, p.Stdout(), 10, &buf)...)
+	for i, v := range seen {
+		if v != seen[0]+i {
+			t.Fatalf("output lost or repeated at %d: %v", i, seen)
+		}
+	}
+	if _, err := p.Stdin().Write([]byte("x")); err != nil {
+		t.Fatalf("write after reattach: %v", err)
+	}
+	p.Close()
+	if _, err := p.Wait(); !errors.Is(err, ErrClosed) {
+		t.Fatalf("wait after close: %v", err)
+	}
+	// Another process is not found by pid.
+	q := &Process{client: *cl, pid: 1 << 30, parked: true, done: make(chan struct{})}
+	q.cond.L = &q.mu
+	if err := q.Reattach(ctx); err == nil {
+		t.Fatal("attach to an unknown pid")
+	}
+}

@@ -74,9 +74,10 @@ func (c *Client) Start(ctx context.Context, s Spec) (*Process, error) {
 		return nil, err
 	}
 	p := &Process{
-		conn: conn, br: br, pid: started.Pid, warm: started.Warm, tty: s.TTY,
+		client: *c, conn: conn, br: br, pid: started.Pid, warm: started.Warm, tty: s.TTY,
 		stdout: newStreamBuf(StreamBuffer), done: make(chan struct{}),
 	}
+	p.cond.L = &p.mu
 	if !s.TTY {
 		p.stderr = newStreamBuf(StreamBuffer)
 	}
@@ -90,6 +91,15 @@ func (c *Client) Start(ctx context.Context, s Spec) (*Process, error) {
 // KillAll kills every process in the sandbox but the agent.
 func (c *Client) KillAll(ctx context.Context) error {
 	_, err := c.simple(ctx, &Request{Op: OpKillAll})
+	return err
+}
+
+// Suspend makes the agent close its listener and every other connection
+// (before a checkpoint: gVisor cannot save a socket bound to a host file).
+// Processes whose connection it closed wait, parked, for Reattach; the
+// agent listens again on SIGUSR1.
+func (c *Client) Suspend(ctx context.Context) error {
+	_, err := c.simple(ctx, &Request{Op: OpSuspend})
 	return err
 }
 
@@ -193,9 +203,13 @@ func (c *Client) roundTrip(ctx context.Context, req *Request, handle func(byte, 
 
 // Process is a process started by the agent. Its methods are safe for
 // concurrent use.
+//
+// A process survives a suspend of its agent (pause with memory): Park,
+// before the suspend op, makes the loss of the connection a pause instead
+// of the end; Reattach, once the agent listens again, goes on with a new
+// connection, losing no output. Writes fail with ErrParked meanwhile.
 type Process struct {
-	conn   net.Conn
-	br     *bufio.Reader
+	client Client
 	wmu    sync.Mutex // frame writes
 	pid    int
 	warm   bool
@@ -204,12 +218,23 @@ type Process struct {
 	stdout *streamBuf
 	stderr *streamBuf
 
+	mu     sync.Mutex // guards conn, br, parked and gone; cond signals their change
+	cond   sync.Cond
+	conn   net.Conn
+	br     *bufio.Reader
+	gen    int // connections so far
+	parked bool
+	gone   error // set when a parked process cannot come back
+
 	done      chan struct{} // closed by readLoop
 	exit      Exit
 	err       error
 	closeOnce sync.Once
 	closing   atomic.Bool // Close was called
 }
+
+// ErrParked is returned by writes to a parked process.
+var ErrParked = errors.New("agent: process parked (sandbox paused)")
 
 // Pid is the process's pid inside the sandbox; it leads its process group.
 func (p *Process) Pid() int { return p.pid }
@@ -259,11 +284,15 @@ func (p *Process) Wait() (Exit, error) {
 }
 
 // Close ends the connection: if the process still runs, the agent kills its
-// process group. Unread output is discarded.
+// process group. Unread output is discarded. A parked process is given up
+// (its agent kills it when nobody attaches).
 func (p *Process) Close() error {
 	p.closeOnce.Do(func() {
 		p.closing.Store(true)
+		p.mu.Lock()
 		p.conn.Close()
+		p.cond.Broadcast()
+		p.mu.Unlock()
 		p.stdout.closeRead()
 		if p.stderr != nil {
 			p.stderr.closeRead()
@@ -273,18 +302,100 @@ func (p *Process) Close() error {
 	return nil
 }
 
+// Done reports whether the process ended (its exit status is known or it
+// was lost).
+func (p *Process) Done() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Park makes the loss of the connection a pause: call it before the agent
+// is suspended.
+func (p *Process) Park() {
+	p.mu.Lock()
+	p.parked = true
+	p.mu.Unlock()
+}
+
+// Reattach gives a parked process a new connection to its agent (which
+// listens again after a restore) and unparks it. If the agent no longer
+// has the process, the process ends as lost.
+func (p *Process) Reattach(ctx context.Context) error {
+	p.mu.Lock()
+	parked := p.parked
+	p.mu.Unlock()
+	if !parked || p.Done() {
+		return nil
+	}
+	conn, br, err := p.client.roundTrip(ctx, &Request{Op: OpAttach, Pid: p.pid}, func(typ byte, _ []byte) (bool, error) {
+		if typ != FrameStarted {
+			return false, fmt.Errorf("agent: unexpected frame %q on attach", typ)
+		}
+		return true, nil
+	})
+	if err != nil {
+		var ae *AgentError
+		if errors.As(err, &ae) {
+			p.Abandon(err)
+		}
+		return err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closing.Load() || p.gone != nil {
+		conn.Close()
+		return nil
+	}
+	// The reader finishes the old connection first (the agent closed it),
+	// so output sent on it before the cut is not lost.
+	p.conn, p.br, p.parked = conn, br, false
+	p.gen++
+	p.cond.Broadcast()
+	return nil
+}
+
+// Abandon ends a parked process as lost with err (its sandbox was not
+// restored).
+func (p *Process) Abandon(err error) {
+	p.mu.Lock()
+	if p.parked && p.gone == nil {
+		p.gone = err
+		p.cond.Broadcast()
+	}
+	p.mu.Unlock()
+}
+
 func (p *Process) writeFrame(typ byte, payload []byte) error {
+	p.mu.Lock()
+	conn, parked := p.conn, p.parked
+	p.mu.Unlock()
+	if parked {
+		return ErrParked
+	}
 	p.wmu.Lock()
 	defer p.wmu.Unlock()
-	return WriteFrame(p.conn, typ, payload)
+	return WriteFrame(conn, typ, payload)
 }
 
 // readLoop is the connection's only reader: it owns p.exit and p.err until
-// it closes p.done.
+// it closes p.done. A parked process's lost connection is waited out.
 func (p *Process) readLoop() {
 	defer close(p.done)
-	err := p.demux()
-	p.conn.Close()
+	var err error
+	for {
+		p.mu.Lock()
+		conn, br, gen := p.conn, p.br, p.gen
+		p.mu.Unlock()
+		err = p.demux(br)
+		conn.Close()
+		if err == nil || !p.awaitReattach(&err, gen) {
+			break
+		}
+	}
 	if err != nil {
 		if p.closing.Load() {
 			err = ErrClosed
@@ -301,9 +412,29 @@ func (p *Process) readLoop() {
 	}
 }
 
-func (p *Process) demux() error {
+// awaitReattach waits while the process is parked after connection gen
+// failed. It reports whether to read again (reattached); otherwise err may
+// be replaced by the reason it was given up.
+func (p *Process) awaitReattach(err *error, gen int) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for p.gen == gen && p.parked && p.gone == nil && !p.closing.Load() {
+		p.cond.Wait()
+	}
+	switch {
+	case p.closing.Load():
+		return false
+	case p.gen != gen:
+		return true
+	case p.gone != nil:
+		*err = fmt.Errorf("agent: process lost while paused: %w", p.gone)
+	}
+	return false
+}
+
+func (p *Process) demux(br *bufio.Reader) error {
 	for {
-		typ, payload, err := ReadFrame(p.br)
+		typ, payload, err := ReadFrame(br)
 		if err != nil {
 			return fmt.Errorf("agent: connection lost: %w", err)
 		}

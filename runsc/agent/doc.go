@@ -22,6 +22,8 @@
 //	{"op":"ping"}
 //	{"op":"warm","env":["K=V",...],"count":2}
 //	{"op":"dial","port":8000}
+//	{"op":"suspend"}
+//	{"op":"attach","pid":42}
 //
 // start: runs args (args[0] without a slash is looked up in the request's
 // PATH) with exactly env, in cwd (default "/"), as uid/gid (default
@@ -54,6 +56,20 @@
 // dial answers 'E' ("connection refused", "port unreachable", "bad port").
 // This is the portal's only way in: it reaches the sandbox's loopback and
 // nothing else, and gives the sandbox no new way out.
+//
+// suspend: before a checkpoint (gVisor cannot save a socket bound to a
+// host file). The agent closes its listener and every other connection and
+// answers 'x'. The processes whose connections it closed are not killed
+// but parked: their output frames (and exit status) are kept, bounded,
+// for the next client. SIGUSR1 to the agent makes it listen again (after
+// the restore, or after a checkpoint that failed); a session still parked
+// 60 s later is killed as if its connection had closed.
+//
+// attach: {"op":"attach","pid":N} gives the session of process N this
+// connection: 'p' {"pid":N}, the frames kept meanwhile, then the session
+// goes on exactly as on its first connection. If the session still has a
+// connection (no suspend came), that one is cut and this one takes over.
+// An unknown or ended process answers 'E' "no such process".
 //
 // stats (debug): answers 'x' {"exitCode":0,"goroutines":N,"fds":N,"warm":N}.
 //

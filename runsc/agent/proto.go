@@ -28,6 +28,8 @@ const (
 	OpWarm    = "warm"
 	OpStats   = "stats"
 	OpDial    = "dial"
+	OpSuspend = "suspend"
+	OpAttach  = "attach"
 )
 
 // Frame types.
@@ -59,6 +61,7 @@ type Request struct {
 	Stdin bool     `json:"stdin,omitempty"`
 	Count *int     `json:"count,omitempty"` // warm
 	Port  int      `json:"port,omitempty"`  // dial
+	Pid   int      `json:"pid,omitempty"`   // attach
 }
 
 // Started is the payload of a 'p' frame.

@@ -95,6 +95,9 @@ type Limits struct {
 	TerminalIdleSeconds  int   `yaml:"terminalIdleSeconds"`
 	MaxAPIConns          int   `yaml:"maxAPIConns"`
 	APIIdleSeconds       int   `yaml:"apiIdleSeconds"`
+	// IdleAction is what a session's idle timeout does unless its
+	// provision chose: IdleTeardown or IdlePause.
+	IdleAction string `yaml:"idleAction"`
 }
 
 // Storage is the organizations' storage, where teardown saves sessions
@@ -107,6 +110,13 @@ type Storage struct {
 // StorageDir is where the directory backend keeps each organization's
 // objects.
 func StorageDir(dataDir string) string { return filepath.Join(dataDir, "storage") }
+
+// What an idle timeout does: tear the sandbox down (processes end, the
+// disk is kept) or pause it with its memory (processes resume).
+const (
+	IdleTeardown = "teardown"
+	IdlePause    = "pause"
+)
 
 // Portal is where browsers reach sandboxes (configs/sandboxd.yaml
 // documents each).
@@ -307,6 +317,9 @@ func (c *Config) validate() error {
 	}
 	if c.Storage.OrgQuotaMiB < 0 {
 		errs = append(errs, errors.New("storage.orgQuotaMiB: must be 0 (no cap) or more"))
+	}
+	if l.IdleAction != IdleTeardown && l.IdleAction != IdlePause {
+		errs = append(errs, fmt.Errorf("limits.idleAction: %q is not teardown or pause", l.IdleAction))
 	}
 	return errors.Join(errs...)
 }

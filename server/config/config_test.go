@@ -151,6 +151,7 @@ func TestLoadConfigErrors(t *testing.T) {
 		"timeouts":           {"limits:\n  execDefaultTimeoutMs: 10\n  execMaxTimeoutMs: 5\n", "limits"},
 		"api conns":          {"limits:\n  maxAPIConns: -1\n", "limits"},
 		"api idle":           {"limits:\n  apiIdleSeconds: 0\n", "limits"},
+		"idle action":        {"limits:\n  idleAction: sleep\n", "idleAction"},
 		"bad yaml":           {"listen: [\n", "yaml"},
 	}
 	for name, c := range cases {

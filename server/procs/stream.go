@@ -38,6 +38,9 @@ func (ts *Terminals) Attach(w *streams.WSConn, t *Terminal) {
 					<-t.done
 					w.SendJSON(map[string]any{"type": "exit", "exitCode": t.exit.Code, "signal": t.exit.Signal})
 					w.CloseWith(streams.CloseNormal, "exit")
+				case errors.Is(v.Err(), ErrPaused):
+					w.SendJSON(map[string]any{"type": "error", "code": "paused", "message": "the session was paused; resume it, then reconnect with terminalId: the shell is still there"})
+					w.CloseWith(streams.CloseGoingAway, "paused")
 				case errors.Is(v.Err(), streams.ErrSlowViewer):
 					ts.log.Warn("terminal viewer dropped: too slow", "terminal", t.ID)
 					w.SendJSON(map[string]any{"type": "error", "code": "slow_client", "message": "output queue full; reconnect with terminalId to resume"})

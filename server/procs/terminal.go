@@ -52,7 +52,14 @@ type Terminal struct {
 	done      chan struct{} // closed when the process ended and output drained
 	exit      agent.Exit
 	closeOnce sync.Once
+	// paused: its session is paused (the reaper leaves it alone); idle
+	// time counts from resumed. Guarded by Terminals.mu.
+	paused  bool
+	resumed time.Time
 }
+
+// ErrPaused ends a terminal's viewers when its session is paused.
+var ErrPaused = errors.New("session paused")
 
 // Terminals owns a server's PTYs.
 type Terminals struct {
@@ -210,6 +217,31 @@ func (ts *Terminals) CloseSession(pk string) {
 	}
 }
 
+// Pause ends the viewers of a session's terminals (their sockets close with
+// "paused") and keeps the terminals, whose processes the pause keeps, until
+// Resume.
+func (ts *Terminals) Pause(pk string) {
+	for _, t := range ts.List(pk) {
+		ts.mu.Lock()
+		t.paused = true
+		ts.mu.Unlock()
+		t.hub.DropViewers(ErrPaused)
+	}
+}
+
+// Resume lets a resumed session's terminals be reattached; their idle time
+// starts again now.
+func (ts *Terminals) Resume(pk string) {
+	now := time.Now()
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	for _, t := range ts.m {
+		if t.PK == pk {
+			t.paused, t.resumed = false, now
+		}
+	}
+}
+
 // reap closes terminals that ended, and terminals nobody watched for idle.
 func (ts *Terminals) reap() {
 	defer ts.wg.Done()
@@ -225,6 +257,12 @@ func (ts *Terminals) reap() {
 		var drop []*Terminal
 		for _, t := range ts.m {
 			n, since := t.hub.Viewers()
+			if t.paused {
+				continue
+			}
+			if since.Before(t.resumed) {
+				since = t.resumed
+			}
 			if !t.Running() {
 				if n == 0 {
 					drop = append(drop, t)

@@ -57,6 +57,9 @@ type Admit struct {
 // Command admits a command in a session (as Get returned it) that must be
 // running.
 func (m *Manager) Command(ctx context.Context, ses store.Session, a Admit) (*Command, error) {
+	if ses.Status == store.StatusPaused {
+		return nil, errdefs.Conflict("session is paused; resume it first (POST /v1/sandbox/%s/resume): its processes are kept", ses.SessionID)
+	}
 	if ses.Status != store.StatusRunning {
 		return nil, errdefs.Conflict("session is %s; %s", ses.Status, a.NotRunning)
 	}

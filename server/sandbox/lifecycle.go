@@ -26,13 +26,14 @@ import (
 //	failed       -> stopping -> stopped (teardown releases what is left)
 //	stopped      -> provisioning -> running (resume on the kept disk)
 //	provisioning -> stopped            (resume failed: the disk is kept)
+//	running      -> paused             (pause: checkpoint with memory, pause.go)
+//	paused       -> provisioning -> running (resume restores the checkpoint)
+//	paused       -> stopping -> stopped (teardown drops the checkpoint)
 //	any          -> deleted            (delete; the id stays used)
-//
-// StatusPaused is part of the contract (filters, metrics) but no
-// transition reaches it yet: a placeholder until pause lands.
 var transitions = map[string][]string{
 	store.StatusProvisioning: {store.StatusRunning, store.StatusFailed, store.StatusStopped},
-	store.StatusRunning:      {store.StatusStopping, store.StatusFailed, store.StatusDeleted},
+	store.StatusRunning:      {store.StatusStopping, store.StatusFailed, store.StatusDeleted, store.StatusPaused},
+	store.StatusPaused:       {store.StatusProvisioning, store.StatusStopping, store.StatusDeleted},
 	store.StatusStopping:     {store.StatusStopped, store.StatusFailed, store.StatusRunning},
 	store.StatusFailed:       {store.StatusStopping, store.StatusDeleted},
 	store.StatusStopped:      {store.StatusProvisioning, store.StatusDeleted},
@@ -162,6 +163,7 @@ type Spec struct {
 	RequestedSize      string
 	Env, Secrets       map[string]string
 	IdleTimeoutSeconds int
+	IdleAction         string // "", config.IdleTeardown or config.IdlePause
 	GitRepo, GitBranch string
 }
 
@@ -189,7 +191,7 @@ func (m *Manager) Provision(ctx context.Context, p store.Principal, spec Spec) (
 		Size: z.Name, RequestedSize: spec.RequestedSize, VCPUs: z.VCPUs, MemoryMiB: z.MemoryMiB,
 		DiskMiB: z.DiskMiB, Pids: z.Pids, CreditsPerHour: z.CreditsPerHour, EgressBytesLimit: z.EgressBytes(),
 		GitRepo: spec.GitRepo, GitBranch: spec.GitBranch, Env: spec.Env, SecretNames: names,
-		IdleTimeoutSeconds: spec.IdleTimeoutSeconds,
+		IdleTimeoutSeconds: spec.IdleTimeoutSeconds, IdleAction: spec.IdleAction,
 	}
 	if ses.RequestedSize == "" {
 		ses.RequestedSize = z.Name
@@ -268,8 +270,13 @@ func (m *Manager) Resume(ctx context.Context, orgID, sessionID string) (_ store.
 			return store.Session{}, err
 		}
 	case store.StatusStopped:
+	case store.StatusPaused:
+		if err := m.resumePausedLocked(ctx, ses); err != nil {
+			return store.Session{}, err
+		}
+		return *ses, nil
 	default:
-		return store.Session{}, errdefs.Conflict("session is %s; only a stopped or failed session can be resumed", ses.Status)
+		return store.Session{}, errdefs.Conflict("session is %s; only a stopped, paused or failed session can be resumed", ses.Status)
 	}
 	var undo undoStack
 	defer func() {
@@ -371,7 +378,7 @@ func (m *Manager) setStatusLocked(ctx context.Context, ses *store.Session, to, r
 	switch to {
 	case store.StatusRunning:
 		ses.StartedAt, ses.StoppedAt = &now, nil
-	case store.StatusStopped, store.StatusFailed:
+	case store.StatusStopped, store.StatusFailed, store.StatusPaused:
 		if ses.StoppedAt == nil {
 			ses.StoppedAt = &now
 			ses.CreditsUsed += Credits(ses, now)
@@ -463,9 +470,9 @@ func (m *Manager) stopSessionLocked(ctx context.Context, ses *store.Session, sav
 	case store.StatusStopped:
 		res.SavedBytes = ses.Saved.Bytes
 		return res, nil
-	case store.StatusRunning, store.StatusFailed, store.StatusStopping:
+	case store.StatusRunning, store.StatusFailed, store.StatusStopping, store.StatusPaused:
 	default:
-		return res, errdefs.Conflict("session is %s; only a running or failed session can be torn down", ses.Status)
+		return res, errdefs.Conflict("session is %s; only a running, paused or failed session can be torn down", ses.Status)
 	}
 	prev := ses.Status
 	if ses.Status != store.StatusStopping {
@@ -510,6 +517,7 @@ func (m *Manager) stopSessionLocked(ctx context.Context, ses *store.Session, sav
 		m.hang("save-destroyed")
 		m.finishSaveLocked(dctx, ses)
 	}
+	m.dropCheckpoint(dctx, ses) // a paused session's memory is not kept
 	m.events.Event(ses.ID, "stopped", map[string]any{"workspaceBytes": res.WorkspaceBytes, "savedBytes": res.SavedBytes})
 	return res, m.setStatusLocked(dctx, ses, store.StatusStopped, ses.StatusReason)
 }
@@ -538,6 +546,11 @@ func (m *Manager) undoStoppingLocked(ctx context.Context, ses *store.Session, pr
 			m.log.Warn("thaw after a failed save", "session", ses.SessionID, "err", err)
 		}
 		ses.Status = store.StatusRunning
+		if err := m.db.UpdateSession(dctx, ses); err != nil {
+			m.log.Error("undo stopping", "session", ses.SessionID, "err", err)
+		}
+	case store.StatusPaused: // its checkpoint is still there: resume restores it
+		ses.Status = store.StatusPaused
 		if err := m.db.UpdateSession(dctx, ses); err != nil {
 			m.log.Error("undo stopping", "session", ses.SessionID, "err", err)
 		}
@@ -575,6 +588,7 @@ func (m *Manager) Delete(ctx context.Context, orgID, sessionID string) error {
 		m.log.Error("delete saves", "session", ses.SessionID, "err", err)
 		return errdefs.Unavailable("the session's saved workspace could not be deleted completely; retry the delete")
 	}
+	m.dropCheckpoint(dctx, ses)
 	if live {
 		if ses.Status == store.StatusRunning {
 			m.release(ses.OrgID, ses.MemoryMiB)
@@ -778,6 +792,10 @@ func (m *Manager) sweepOneLocked(ctx context.Context, pk string) {
 		return
 	}
 	m.persistEgress(ctx, &cur)
+	if m.idle(&cur, m.now()) && m.IdleAction(&cur) == config.IdlePause {
+		m.idlePauseLocked(ctx, &cur)
+		return
+	}
 	if m.idle(&cur, m.now()) {
 		m.log.Info("idle timeout: tearing down", "session", cur.SessionID, "idleTimeoutSeconds", cur.IdleTimeoutSeconds)
 		_, err := m.teardownLocked(ctx, &cur)

@@ -29,6 +29,10 @@ func TestCanTransitionTable(t *testing.T) {
 		{store.StatusFailed, store.StatusStopping}:      true,
 		{store.StatusFailed, store.StatusDeleted}:       true,
 		{store.StatusStopped, store.StatusDeleted}:      true,
+		{store.StatusRunning, store.StatusPaused}:       true, // pause
+		{store.StatusPaused, store.StatusProvisioning}:  true, // resume (restore)
+		{store.StatusPaused, store.StatusStopping}:      true, // teardown
+		{store.StatusPaused, store.StatusDeleted}:       true,
 	}
 	for _, from := range all {
 		for _, to := range all {

@@ -50,6 +50,8 @@ func (h *recHooks) add(s string) {
 func (h *recHooks) Started(ses *store.Session)                   { h.add("started " + ses.SessionID) }
 func (h *recHooks) Stopped(pk string)                            { h.add("stopped") }
 func (h *recHooks) Deleted(pk string)                            { h.add("deleted") }
+func (h *recHooks) Paused(pk string)                             { h.add("paused") }
+func (h *recHooks) Resumed(ses *store.Session)                   { h.add("resumed " + ses.SessionID) }
 func (h *recHooks) Event(pk, kind string, fields map[string]any) { h.add("event " + kind) }
 
 func (h *recHooks) list() string {

@@ -37,6 +37,8 @@ type Runtime struct {
 	// CreateGate, if set, makes Create signal CreateStarted and wait for it.
 	CreateGate    chan struct{}
 	CreateStarted chan struct{}
+	// CheckpointErr and RestoreErr fail Checkpoint and Restore.
+	CheckpointErr, RestoreErr error
 	// DialFn, if set, serves DialPort; by default nothing listens.
 	DialFn func(ctx context.Context, id string, port int) (net.Conn, error)
 }
@@ -168,3 +170,39 @@ func (f *Runtime) CallsWith(prefix string) []string {
 	}
 	return out
 }
+
+// CheckpointDir is where the fake writes a checkpoint image.
+func (f *Runtime) CheckpointDir(id string) string {
+	return filepath.Join(f.WorkspaceRoot, id+".checkpoint")
+}
+
+// Checkpoint writes a fake image into imageDir (or fails with
+// CheckpointErr, writing nothing).
+func (f *Runtime) Checkpoint(ctx context.Context, id, imageDir string) error {
+	f.Record("checkpoint " + id)
+	f.Mu.Lock()
+	err := f.CheckpointErr
+	f.Mu.Unlock()
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(imageDir, 0o700); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(imageDir, "checkpoint.img"), []byte("memory"), 0o600)
+}
+
+// Restore needs the image Checkpoint wrote (or fails with RestoreErr).
+func (f *Runtime) Restore(ctx context.Context, sb runsc.Sandbox, imageDir string) error {
+	f.Record("restore " + sb.ID)
+	f.Mu.Lock()
+	err := f.RestoreErr
+	f.Mu.Unlock()
+	if err != nil {
+		return err
+	}
+	_, err = os.Stat(filepath.Join(imageDir, "checkpoint.img"))
+	return err
+}
+
+func (f *Runtime) AbandonParked(id string) { f.Record("abandon " + id) }
