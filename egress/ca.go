@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"math/big"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -49,7 +50,8 @@ func LoadCA(dir, host string) (*CA, error) {
 		return nil, fmt.Errorf("egress CA: bad host %q", host)
 	}
 	ca, err := readCA(dir)
-	if err == nil && slices.Equal(ca.cert.PermittedDNSDomains, []string{host}) && time.Until(ca.cert.NotAfter) > 30*24*time.Hour {
+	if err == nil && slices.Equal(ca.cert.PermittedDNSDomains, []string{host}) && slices.Equal(ca.cert.ExcludedDNSDomains, []string{"." + host}) &&
+		len(ca.cert.ExcludedIPRanges) == 2 && time.Until(ca.cert.NotAfter) > 30*24*time.Hour {
 		return ca, nil
 	}
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -108,6 +110,9 @@ func newCA(dir, host string) (*CA, error) {
 		KeyUsage:                    x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
 		PermittedDNSDomainsCritical: true,
 		PermittedDNSDomains:         []string{host},
+		// Not its subdomains, and no IP address at all.
+		ExcludedDNSDomains: []string{"." + host},
+		ExcludedIPRanges:   []*net.IPNet{{IP: net.IPv4zero, Mask: net.CIDRMask(0, 32)}, {IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}},
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {

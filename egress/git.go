@@ -15,6 +15,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -49,20 +50,35 @@ const ReasonGitPush = "git_push_refused"
 // its pack (a push of thousands of refs is not a paired branch's push).
 const maxPushCommands = 1 << 20
 
-// Serve serves one session on l; see ServeWithPolicy.
+// Serve serves one session on l until it is closed; see ServeWithPolicy.
 func (p *Proxy) Serve(l net.Listener, key string, o SessionOptions) error {
 	return p.serve(l, key, o)
 }
 
-// gitTarget says whether a CONNECT to host:port is the session's paired
-// Git host, whose TLS the proxy terminates.
-func (p *Proxy) gitTarget(s *session, rawHost string, port int) bool {
-	g := s.git
-	if g == nil || p.ca == nil || port != g.Port {
-		return false
+// UpdateGit replaces a live session's pairing (nil: no longer paired):
+// a credential connected, replaced or removed, or the branch learned after
+// the clone. Requests already in a terminated tunnel use it from their next
+// request on. Unknown keys are ignored.
+func (p *Proxy) UpdateGit(key string, g *GitPairing) {
+	p.mu.Lock()
+	s := p.sessions[key]
+	p.mu.Unlock()
+	if s != nil {
+		s.git.Store(g)
 	}
-	host, ip, err := normalizeHost(rawHost)
-	return err == nil && !ip.IsValid() && host == g.Host
+}
+
+// gitTarget returns the session's pairing when a CONNECT to host:port is
+// its paired Git host, whose TLS the proxy terminates; nil otherwise.
+func (p *Proxy) gitTarget(s *session, rawHost string, port int) *GitPairing {
+	g := s.git.Load()
+	if g == nil || p.ca == nil || port != g.Port {
+		return nil
+	}
+	if host, ip, err := normalizeHost(rawHost); err != nil || ip.IsValid() || host != g.Host {
+		return nil
+	}
+	return g
 }
 
 // authority is the Host header and URL authority of the Git host.
@@ -73,21 +89,39 @@ func (g *GitPairing) authority() string {
 	return net.JoinHostPort(g.Host, strconv.Itoa(g.Port))
 }
 
+// hostMatches: a request's Host names the Git host (the default port may
+// be spelled out).
+func (g *GitPairing) hostMatches(h string) bool {
+	return strings.EqualFold(h, g.authority()) || g.Port == 443 && strings.EqualFold(h, g.Host+":443")
+}
+
+// Git smart-HTTP endpoints of the paired repository.
+type gitEndpoint int
+
+const (
+	notPaired   gitEndpoint = iota
+	infoRefs                // GET/HEAD .../info/refs
+	uploadPack              // POST .../git-upload-pack
+	receivePack             // POST .../git-receive-pack
+)
+
 // endpoint classifies an escaped request path: the repository's
 // smart-HTTP endpoints get the credential; everything else passes without.
-func (g *GitPairing) endpoint(path string) (paired, receivePack bool) {
+func (g *GitPairing) endpoint(path string) gitEndpoint {
 	rest, ok := cutPrefixFold(path, g.Prefix+"/"+g.Repo)
 	if !ok {
-		return false, false
+		return notPaired
 	}
 	rest, _ = cutPrefixFold(rest, ".git")
 	switch rest {
-	case "/info/refs", "/git-upload-pack":
-		return true, false
+	case "/info/refs":
+		return infoRefs
+	case "/git-upload-pack":
+		return uploadPack
 	case "/git-receive-pack":
-		return true, true
+		return receivePack
 	}
-	return false, false
+	return notPaired
 }
 
 // cutPrefixFold is strings.CutPrefix ignoring ASCII case (Git hosts treat
@@ -100,10 +134,11 @@ func cutPrefixFold(s, prefix string) (string, bool) {
 }
 
 // gitTransport reaches the Git host for one session: through the session's
-// guarded dialer (tracked, so Close and the quota cut reach it), TLS
-// verified against the configured roots, HTTP/1.1.
-func (p *Proxy) gitTransport(s *session) *http.Transport {
-	g := s.git
+// guarded dialer (tracked, so Close and the quota cut reach it; reads and
+// writes that stall past the idle timeout fail), TLS verified against the
+// configured roots, HTTP/1.1.
+func (p *Proxy) gitTransport(s *session, g *GitPairing) *http.Transport {
+	idle := s.pol.idleTimeout()
 	return &http.Transport{
 		Proxy: nil,
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
@@ -111,7 +146,7 @@ func (p *Proxy) gitTransport(s *session) *http.Transport {
 			if err != nil {
 				return nil, err
 			}
-			tc := &trackedConn{Conn: c, s: s}
+			tc := &trackedConn{Conn: &idleConn{Conn: c, idle: idle}, s: s}
 			if !s.track(tc) {
 				return nil, net.ErrClosed
 			}
@@ -122,7 +157,7 @@ func (p *Proxy) gitTransport(s *session) *http.Transport {
 		DisableCompression:     true,
 		MaxIdleConns:           4,
 		MaxIdleConnsPerHost:    4,
-		IdleConnTimeout:        s.pol.idleTimeout(),
+		IdleConnTimeout:        idle,
 		TLSHandshakeTimeout:    s.pol.headerTimeout(),
 		ResponseHeaderTimeout:  5 * time.Minute, // a big repository's pack takes a while to start
 		ExpectContinueTimeout:  time.Second,
@@ -130,21 +165,81 @@ func (p *Proxy) gitTransport(s *session) *http.Transport {
 	}
 }
 
-// prefixConn reads the bytes that came behind the CONNECT head first.
-type prefixConn struct {
+// idleConn fails a read or write that makes no progress for idle.
+type idleConn struct {
 	net.Conn
-	r io.Reader
+	idle time.Duration
 }
 
-func (c *prefixConn) Read(b []byte) (int, error) { return c.r.Read(b) }
+func (c *idleConn) Read(b []byte) (int, error) {
+	_ = c.Conn.SetReadDeadline(time.Now().Add(c.idle))
+	return c.Conn.Read(b)
+}
+
+func (c *idleConn) Write(b []byte) (int, error) {
+	_ = c.Conn.SetWriteDeadline(time.Now().Add(c.idle))
+	return c.Conn.Write(b)
+}
+
+// gitConn is the sandbox's side of a terminated tunnel: the bytes that
+// came behind the CONNECT head first; reads and writes that stall past
+// the idle timeout fail; while a request head is read, at most
+// maxGitHead bytes are taken.
+type gitConn struct {
+	*sessConn
+	r    io.Reader
+	idle time.Duration
+	head atomic.Int64 // bytes left for the current head; < 0: not reading one
+	// by is the deadline of the handshake or head being read (unix ns; 0:
+	// none, each read gets the idle timeout).
+	by atomic.Int64
+}
+
+// within bounds reads until d is over (a handshake, a request head); the
+// zero time goes back to the idle timeout.
+func (c *gitConn) within(d time.Time) {
+	if d.IsZero() {
+		c.by.Store(0)
+		return
+	}
+	c.by.Store(d.UnixNano())
+}
+
+const maxGitHead = 64 << 10
+
+var errHeadTooLarge = errors.New("egress: request head too large")
+
+func (c *gitConn) Read(b []byte) (int, error) {
+	if by := c.by.Load(); by != 0 {
+		_ = c.sessConn.SetReadDeadline(time.Unix(0, by))
+	} else {
+		_ = c.sessConn.SetReadDeadline(time.Now().Add(c.idle))
+	}
+	left := c.head.Load()
+	if left == 0 {
+		return 0, errHeadTooLarge
+	}
+	if left > 0 && int64(len(b)) > left {
+		b = b[:left]
+	}
+	n, err := c.r.Read(b)
+	if left > 0 {
+		c.head.Add(-int64(n))
+	}
+	return n, err
+}
+
+func (c *gitConn) Write(b []byte) (int, error) {
+	_ = c.sessConn.SetWriteDeadline(time.Now().Add(c.idle))
+	return c.sessConn.Write(b)
+}
 
 // gitTunnel serves a CONNECT to the paired Git host: it answers the
 // CONNECT, terminates the sandbox's TLS with a certificate of the CA, and
 // relays each HTTP/1.1 request to the host on its own TLS connection,
 // adding the credential to the repository's endpoints. It runs on the
 // connection's goroutine and returns when the client is done.
-func (p *Proxy) gitTunnel(c *sessConn, src io.Reader, s *session) {
-	g := s.git
+func (p *Proxy) gitTunnel(c *sessConn, src io.Reader, s *session, g *GitPairing) {
 	host, port := g.Host, g.Port
 	leaf, err := p.ca.leaf(host)
 	if err != nil {
@@ -159,7 +254,9 @@ func (p *Proxy) gitTunnel(c *sessConn, src io.Reader, s *session) {
 	}
 	d.conns.Add(1)
 	p.met.allowed.Inc()
-	conn := tls.Server(&prefixConn{Conn: c, r: src}, &tls.Config{
+	gc := &gitConn{sessConn: c, r: src, idle: s.pol.idleTimeout()}
+	gc.head.Store(-1)
+	conn := tls.Server(gc, &tls.Config{
 		MinVersion: tls.VersionTLS12,
 		NextProtos: []string{"http/1.1"},
 		GetCertificate: func(hi *tls.ClientHelloInfo) (*tls.Certificate, error) {
@@ -170,27 +267,39 @@ func (p *Proxy) gitTunnel(c *sessConn, src io.Reader, s *session) {
 		},
 	})
 	defer conn.Close()
-	_ = c.SetDeadline(time.Now().Add(s.pol.headerTimeout()))
+	gc.within(time.Now().Add(s.pol.headerTimeout()))
 	if err := conn.Handshake(); err != nil {
 		s.deny(host, port, ReasonBadHello)
 		return
 	}
-	tr := p.gitTransport(s)
+	gc.within(time.Time{})
+	tr := p.gitTransport(s, g)
 	defer tr.CloseIdleConnections()
 	br := bufio.NewReader(conn)
 	for {
-		_ = c.SetDeadline(time.Now().Add(s.pol.idleTimeout()))
-		req, err := http.ReadRequest(br)
-		if err != nil {
+		// Waiting for a request may take the idle timeout; once it has
+		// begun, its head must arrive whole within the header timeout.
+		if _, err := br.Peek(1); err != nil {
 			return
 		}
-		_ = c.SetDeadline(time.Time{})
+		gc.head.Store(maxGitHead)
+		gc.within(time.Now().Add(s.pol.headerTimeout()))
+		req, err := http.ReadRequest(br)
+		gc.head.Store(-1)
+		gc.within(time.Time{})
+		if err != nil {
+			if errors.Is(err, errHeadTooLarge) {
+				s.deny(host, port, ReasonHTTPFraming)
+				writeText(conn, http.StatusRequestHeaderFieldsTooLarge, "egress: request head too large\n")
+			}
+			return
+		}
 		keep := p.gitRequest(conn, req, s, tr)
+		if !keep || req.Close {
+			return // a refused or broken request's body is not read
+		}
 		_, _ = io.Copy(io.Discard, io.LimitReader(req.Body, 64<<10))
 		req.Body.Close()
-		if !keep || req.Close {
-			return
-		}
 	}
 }
 
@@ -200,7 +309,11 @@ var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy
 // gitRequest relays one request from the sandbox to the Git host and its
 // answer back; false when the connection must end.
 func (p *Proxy) gitRequest(w io.Writer, req *http.Request, s *session, tr *http.Transport) bool {
-	g := s.git
+	g := s.git.Load()
+	if g == nil {
+		writeText(w, http.StatusServiceUnavailable, "egress: this session is no longer paired with a Git repository\n")
+		return false
+	}
 	refuse := func(status int, reason, msg string) bool {
 		if reason != "" {
 			s.deny(g.Host, g.Port, reason)
@@ -208,7 +321,7 @@ func (p *Proxy) gitRequest(w io.Writer, req *http.Request, s *session, tr *http.
 		writeText(w, status, msg)
 		return false
 	}
-	if !strings.EqualFold(req.Host, g.authority()) {
+	if !g.hostMatches(req.Host) {
 		return refuse(http.StatusForbidden, ReasonHostMismatch, "egress: Host is not "+g.authority()+"\n")
 	}
 	if !strings.HasPrefix(req.RequestURI, "/") {
@@ -229,19 +342,37 @@ func (p *Proxy) gitRequest(w io.Writer, req *http.Request, s *session, tr *http.
 	if req.ContentLength == 0 && len(req.TransferEncoding) == 0 {
 		out.Body = http.NoBody
 	}
-	paired, push := g.endpoint(out.URL.EscapedPath())
-	if paired {
-		out.Header.Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte(g.User+":"+g.Token)))
-		if push && req.Method == http.MethodPost {
-			if ce := req.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
-				return refuse(http.StatusUnsupportedMediaType, ReasonGitPush, "sandboxd: a push to the paired repository must not be compressed\n")
-			}
-			body, err := checkPush(req.Body, "refs/heads/"+g.Branch)
-			if err != nil {
-				return refuse(http.StatusForbidden, ReasonGitPush, fmt.Sprintf("sandboxd: %v; a push here may only update refs/heads/%s of %s\n", err, g.Branch, g.Repo))
-			}
-			out.Body = io.NopCloser(body)
+	if strings.EqualFold(req.Header.Get("Expect"), "100-continue") {
+		// Answered here: the body is checked before anything goes upstream.
+		out.Header.Del("Expect")
+		if _, err := io.WriteString(w, "HTTP/1.1 100 Continue\r\n\r\n"); err != nil {
+			return false
 		}
+	}
+	ep := g.endpoint(out.URL.EscapedPath())
+	credentialed := false
+	switch {
+	case ep == notPaired:
+	case ep == infoRefs && (req.Method == http.MethodGet || req.Method == http.MethodHead),
+		ep == uploadPack && req.Method == http.MethodPost:
+		credentialed = true
+	case ep == receivePack && req.Method == http.MethodPost:
+		if ce := req.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
+			return refuse(http.StatusUnsupportedMediaType, ReasonGitPush, "sandboxd: a push to the paired repository must not be compressed\n")
+		}
+		body, err := checkPush(req.Body, "refs/heads/"+g.Branch)
+		if err != nil {
+			return refuse(http.StatusForbidden, ReasonGitPush, fmt.Sprintf("sandboxd: %v; a push here may only update refs/heads/%s of %s\n", err, g.Branch, g.Repo))
+		}
+		out.Body = io.NopCloser(body)
+		credentialed = true
+	case ep == receivePack:
+		return refuse(http.StatusMethodNotAllowed, ReasonGitPush, "sandboxd: "+req.Method+" is not a push\n")
+	default: // another method on a fetch endpoint: it goes as sent, without the credential
+	}
+	if credentialed && g.Token != "" {
+		out.Header.Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte(g.User+":"+g.Token)))
+		out.Header.Del("Cookie") // the credential's requests carry nothing of the sandbox's
 	}
 	resp, err := tr.RoundTrip(out)
 	if err != nil {
@@ -258,6 +389,10 @@ func (p *Proxy) gitRequest(w io.Writer, req *http.Request, s *session, tr *http.
 			resp.Header.Del(h)
 		}
 	}
+	if credentialed {
+		// A session the host opens for the credential is not the sandbox's.
+		resp.Header.Del("Set-Cookie")
+	}
 	resp.Close = resp.Close || req.Close
 	if err := resp.Write(w); err != nil {
 		return false
@@ -271,10 +406,21 @@ func writeText(w io.Writer, status int, msg string) {
 		status, http.StatusText(status), len(msg), msg)
 }
 
+// pushCaps are the receive-pack capabilities a push through the
+// credential may ask for; anything else (push-options, push-cert, ...)
+// is refused: push options can make a host open or merge requests or
+// change settings.
+var pushCaps = map[string]bool{
+	"report-status": true, "report-status-v2": true, "side-band-64k": true, "side-band": true,
+	"quiet": true, "atomic": true, "ofs-delta": true, "delete-refs": true,
+}
+
 // checkPush reads a receive-pack request's ref-update commands (pkt-lines
-// up to the first flush) and refuses any that is not an update or creation
-// of ref. It returns a reader of the whole body (what it read, then the
-// rest).
+// up to the first flush), parsed as git does ("<old> SP <new> SP <ref>"
+// up to NUL or LF), and refuses any that is not an update or creation of
+// ref, and capabilities outside pushCaps. A body that is only a flush is
+// git's probe before a large push and updates nothing. It returns a
+// reader of the whole body (what it read, then the rest).
 func checkPush(body io.Reader, ref string) (io.Reader, error) {
 	var buf bytes.Buffer
 	hdr := make([]byte, 4)
@@ -285,7 +431,7 @@ func checkPush(body io.Reader, ref string) (io.Reader, error) {
 		}
 		buf.Write(hdr)
 		n, err := strconv.ParseUint(string(hdr), 16, 16)
-		if err != nil {
+		if err != nil || !isHex(hdr) {
 			return nil, errors.New("a malformed push")
 		}
 		if n == 0 {
@@ -299,26 +445,53 @@ func checkPush(body io.Reader, ref string) (io.Reader, error) {
 			return nil, errors.New("a truncated push")
 		}
 		buf.Write(line)
-		cmd, _, _ := bytes.Cut(bytes.TrimSuffix(line, []byte("\n")), []byte{0})
-		if bytes.HasPrefix(cmd, []byte("shallow ")) {
+		line = bytes.TrimSuffix(line, []byte("\n"))
+		cmd, caps, hasCaps := bytes.Cut(line, []byte{0})
+		if hasCaps && commands > 0 {
+			return nil, errors.New("a push with capabilities after its first command")
+		}
+		if hasCaps {
+			for _, c := range strings.Split(string(caps), " ") {
+				name, _, _ := strings.Cut(c, "=")
+				if c != "" && !pushCaps[name] && name != "agent" && name != "object-format" && name != "session-id" {
+					return nil, fmt.Errorf("refused push capability %q", name)
+				}
+			}
+		}
+		if oid, ok := bytes.CutPrefix(cmd, []byte("shallow ")); ok && !hasCaps && commands == 0 && isHexID(string(oid)) {
 			continue
 		}
-		f := strings.Fields(string(cmd))
-		if len(f) != 3 || !isHexID(f[0]) || !isHexID(f[1]) {
+		old, rest, ok1 := bytes.Cut(cmd, []byte(" "))
+		nw, r, ok2 := bytes.Cut(rest, []byte(" "))
+		if !ok1 || !ok2 || !isHexID(string(old)) || !isHexID(string(nw)) {
 			return nil, errors.New("a push with an unexpected command")
 		}
-		if f[2] != ref {
-			return nil, fmt.Errorf("refused to update %q", f[2])
+		if string(r) != ref {
+			return nil, fmt.Errorf("refused to update %q", r)
 		}
-		if strings.Trim(f[1], "0") == "" {
-			return nil, fmt.Errorf("refused to delete %q", f[2])
+		if strings.Trim(string(nw), "0") == "" {
+			return nil, fmt.Errorf("refused to delete %q", r)
 		}
 		commands++
 	}
 	if commands == 0 {
+		// git's probe ("0000" alone) before a large push updates nothing.
+		var one [1]byte
+		if n, _ := io.ReadFull(body, one[:]); n == 0 && buf.Len() == 4 {
+			return &buf, nil
+		}
 		return nil, errors.New("a push without commands")
 	}
 	return io.MultiReader(&buf, body), nil
+}
+
+func isHex(b []byte) bool {
+	for _, c := range b {
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F') {
+			return false
+		}
+	}
+	return true
 }
 
 func isHexID(s string) bool {

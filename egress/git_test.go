@@ -193,7 +193,7 @@ func TestCANameConstrained(t *testing.T) {
 func TestCheckPush(t *testing.T) {
 	pkt := func(s string) string { return strings.ToLower(hex4(len(s)+4)) + s }
 	z, a, b := strings.Repeat("0", 40), strings.Repeat("a", 40), strings.Repeat("b", 40)
-	ok := pkt(a+" "+b+" refs/heads/main\x00report-status\n") + "0000PACK..."
+	ok := pkt(a+" "+b+" refs/heads/main\x00report-status side-band-64k quiet object-format=sha1 agent=git/2.39.5\n") + "0000PACK..."
 	r, err := checkPush(strings.NewReader(ok), "refs/heads/main")
 	if err != nil {
 		t.Fatal(err)
@@ -206,7 +206,7 @@ func TestCheckPush(t *testing.T) {
 		"second ref":   pkt(a+" "+b+" refs/heads/main\x00caps\n") + pkt(a+" "+b+" refs/heads/dev\n") + "0000",
 		"delete":       pkt(a+" "+z+" refs/heads/main\x00caps\n") + "0000",
 		"tag":          pkt(z+" "+b+" refs/tags/main\x00caps\n") + "0000",
-		"no commands":  "0000",
+		"no commands":  "0000PACK",
 		"truncated":    pkt(a + " " + b + " refs/heads/main\n")[:20],
 		"bad length":   "zzzz",
 		"push cert":    pkt("push-cert\x00caps\n") + "0000",
@@ -215,8 +215,20 @@ func TestCheckPush(t *testing.T) {
 			t.Errorf("%s: accepted", name)
 		}
 	}
-	if _, err := checkPush(strings.NewReader(pkt("shallow "+a+"\n")+pkt(z+" "+b+" refs/heads/main\x00caps\n")+"0000"), "refs/heads/main"); err != nil {
+	if _, err := checkPush(strings.NewReader(pkt("shallow "+a+"\n")+pkt(z+" "+b+" refs/heads/main\x00report-status agent=git/2.39\n")+"0000"), "refs/heads/main"); err != nil {
 		t.Errorf("a creation after a shallow line: %v", err)
+	}
+	if _, err := checkPush(strings.NewReader("0000"), "refs/heads/main"); err != nil {
+		t.Errorf("git's probe before a large push: %v", err)
+	}
+	for name, body := range map[string]string{
+		"push options": pkt(a+" "+b+" refs/heads/main\x00report-status push-options\n") + "0000",
+		"push cert":    pkt(a+" "+b+" refs/heads/main\x00push-cert=1\n") + "0000",
+		"nbsp in ref":  pkt(a+" "+b+" refs/heads/main\u00a0\x00report-status\n") + "0000",
+	} {
+		if _, err := checkPush(strings.NewReader(body), "refs/heads/main"); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
 	}
 }
 

@@ -211,12 +211,38 @@ func (p *Proxy) ServeWithPolicy(l net.Listener, key string, pol *Policy, used, l
 }
 
 func (p *Proxy) serve(l net.Listener, key string, o SessionOptions) error {
+	s, err := p.register(l, key, o)
+	if err != nil {
+		return err
+	}
+	return p.run(s, l)
+}
+
+// Start registers the session at once (Close, Usage and UpdateGit know it
+// when Start returns) and serves l on a goroutine the proxy owns, which
+// ends with Close(key), Shutdown or a listener failure (logged).
+func (p *Proxy) Start(l net.Listener, key string, o SessionOptions) error {
+	s, err := p.register(l, key, o)
+	if err != nil {
+		return err
+	}
+	go func() {
+		if err := p.run(s, l); err != nil {
+			p.log.Warn("egress session ended", "session", key, "err", err)
+		}
+	}()
+	return nil
+}
+
+// register makes the session and enters it in the proxy's table (and its
+// tracker: run must follow, which exits it). On error l is closed.
+func (p *Proxy) register(l net.Listener, key string, o SessionOptions) (*session, error) {
 	pol, used, limit := o.Policy, o.Used, o.Limit
 	if pol == nil {
 		pol = p.pol
 	}
 	s := newSession(p, key, pol, used, limit)
-	s.git = o.Git
+	s.git.Store(o.Git)
 	dt := pol.dialTimeout()
 	if p.dialTimeout > 0 {
 		dt = p.dialTimeout
@@ -245,18 +271,23 @@ func (p *Proxy) serve(l net.Listener, key string, o SessionOptions) error {
 	case p.shut || !p.track.enter():
 		p.mu.Unlock()
 		_ = l.Close()
-		return ErrClosed
+		return nil, ErrClosed
 	case p.sessions[key] != nil:
 		p.mu.Unlock()
 		p.track.exit()
 		_ = l.Close()
-		return fmt.Errorf("egress: session %s is already being served", key)
+		return nil, fmt.Errorf("egress: session %s is already being served", key)
 	}
 	p.sessions[key] = s
 	p.mu.Unlock()
-	defer p.track.exit()
-
 	p.log.Debug("egress session serving", "session", key, "used", used, "limit", limit)
+	return s, nil
+}
+
+// run serves a registered session until it is closed.
+func (p *Proxy) run(s *session, l net.Listener) error {
+	defer p.track.exit()
+	key := s.id
 	err := s.srv.Serve(&sessListener{Listener: l, s: s})
 	_ = l.Close() // Close may have won before Serve tracked l
 	p.closeSession(s)

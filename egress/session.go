@@ -48,7 +48,7 @@ type session struct {
 	steps atomic.Int64
 
 	dial *dialer
-	git  *GitPairing // nil: not paired
+	git  atomic.Pointer[GitPairing] // nil: not paired
 	srv  *http.Server
 	tr   *http.Transport
 

@@ -47,9 +47,9 @@ func (p *Proxy) connect(w http.ResponseWriter, r *http.Request, c *sessConn) {
 		p.refuseRaw(c, http.StatusForbidden, "Egress denied ("+reason+")", reason, denyText(reason, h, 0))
 		return
 	}
-	if p.gitTarget(s, rawHost, port) {
+	if g := p.gitTarget(s, rawHost, port); g != nil {
 		// The paired Git host is allowed by the pairing itself.
-		p.gitTunnel(c, src, s)
+		p.gitTunnel(c, src, s, g)
 		return
 	}
 	host, ip, reason := s.pol.decide(rawHost, port)

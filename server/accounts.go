@@ -62,6 +62,7 @@ func (s *Server) connectGitHub(c *gin.Context) {
 		s.writeError(c, err)
 		return
 	}
+	s.sessions.GitCredentialChanged(c.Request.Context(), principal(c).User.ID)
 	c.JSON(http.StatusOK, gin.H{"github": gin.H{"connected": true, "connectedAt": at}})
 }
 
@@ -74,6 +75,8 @@ func (s *Server) disconnectGitHub(c *gin.Context) {
 		s.writeError(c, err)
 		return
 	}
+	// Running sessions stop using it now, not at their next start.
+	s.sessions.GitCredentialChanged(c.Request.Context(), principal(c).User.ID)
 	c.Status(http.StatusNoContent)
 }
 

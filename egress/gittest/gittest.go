@@ -8,6 +8,7 @@
 package gittest
 
 import (
+	"bytes"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -173,6 +174,15 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		http.Error(w, "Repository not found.", http.StatusNotFound)
 		return
+	}
+	if r.ContentLength < 0 {
+		// Go's CGI host refuses chunked bodies; git sends large pushes so.
+		b, err := io.ReadAll(io.LimitReader(r.Body, 1<<30))
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		r.Body, r.ContentLength, r.TransferEncoding = io.NopCloser(bytes.NewReader(b)), int64(len(b)), nil
 	}
 	(&cgi.Handler{Path: s.backend, Env: []string{"GIT_PROJECT_ROOT=" + s.Root, "GIT_HTTP_EXPORT_ALL=1"}}).ServeHTTP(w, r)
 }

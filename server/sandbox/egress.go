@@ -20,13 +20,9 @@ func (m *Manager) startEgress(ses *store.Session) error {
 	}
 	o := egress.SessionOptions{Policy: m.policy.ForProject(ses.ProjectID), Used: ses.EgressBytesUsed,
 		Limit: ses.EgressBytesLimit, Git: m.pairing(ses)}
-	// Owned by the proxy: it returns when Close(pk) closes the listener.
-	go func() {
-		if err := m.egress.Serve(l, ses.ID, o); err != nil {
-			m.log.Debug("egress listener ended", "session", ses.SessionID, "err", err)
-		}
-	}()
-	return nil
+	// Registered before Start returns (so an undo's Close finds it); the
+	// proxy owns the goroutine serving it until Close(pk).
+	return m.egress.Start(l, ses.ID, o)
 }
 
 // stopEgress cuts the session's connections, closes its listener, takes

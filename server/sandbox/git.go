@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"regexp"
 	"strings"
 	"time"
 
@@ -69,6 +70,29 @@ func (m *Manager) pairing(ses *store.Session) *egress.GitPairing {
 		Branch: ses.GitBranch, User: m.git.User, Token: tok}
 }
 
+var (
+	objectID = regexp.MustCompile(`^([0-9a-f]{40}|[0-9a-f]{64})$`)
+	// branchRe is the provision API's character set for branches (a
+	// default branch read in the sandbox is held to it).
+	branchRe = regexp.MustCompile(`^[A-Za-z0-9._/-]+$`)
+)
+
+// GitCredentialChanged gives the user's running paired sessions the
+// credential as it is now (connected, replaced or removed), so a removed
+// one is used for nothing from then on.
+func (m *Manager) GitCredentialChanged(ctx context.Context, userID string) {
+	live, err := m.db.ListLiveSessions(ctx)
+	if err != nil {
+		m.log.Error("refresh Git credentials", "err", err)
+		return
+	}
+	for i := range live {
+		if ses := &live[i]; ses.CreatedBy == userID && ses.GitRepo != "" {
+			m.egress.UpdateGit(ses.ID, m.pairing(ses))
+		}
+	}
+}
+
 // RepoDir is where a session's paired repository is cloned.
 func RepoDir(repo string) string {
 	_, name, _ := strings.Cut(repo, "/")
@@ -123,17 +147,13 @@ func (m *Manager) cloneLocked(ctx context.Context, ses *store.Session) error {
 	if ses.GitBranch == "" {
 		// The default branch is the paired one: pushes go there.
 		out, _, res, err := m.gitRun(ctx, ses, time.Minute, "-C", RepoDir(ses.GitRepo), "symbolic-ref", "--short", "HEAD")
-		if b := strings.TrimSpace(out); err == nil && res.ExitCode == 0 && b != "" {
+		if b := strings.TrimSpace(out); err == nil && res.ExitCode == 0 && branchRe.MatchString(b) && len(b) <= 255 {
 			ses.GitBranch = b
 			if err := m.db.UpdateSession(ctx, ses); err != nil {
 				return err
 			}
 			// The proxy's pairing learns the branch pushes may update.
-			m.liveEgress(ses)
-			m.egress.Close(ses.ID)
-			if err := m.startEgress(ses); err != nil {
-				return err
-			}
+			m.egress.UpdateGit(ses.ID, m.pairing(ses))
 		}
 	}
 	m.events.Event(ses.ID, "git_cloned", map[string]any{"repo": ses.GitRepo, "branch": ses.GitBranch, "ms": time.Since(start).Milliseconds()})
@@ -160,7 +180,12 @@ func (m *Manager) pushLocked(ctx context.Context, ses *store.Session, live bool)
 		res.Error = GitNoRepository
 		return res
 	}
-	res.Commits = strings.Fields(out)
+	// What the sandbox printed: only object ids are taken from it.
+	for _, c := range strings.Fields(out) {
+		if objectID.MatchString(c) {
+			res.Commits = append(res.Commits, c)
+		}
+	}
 	if len(res.Commits) == 0 {
 		res.Error = GitNothing
 		return res

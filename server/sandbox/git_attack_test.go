@@ -32,17 +32,27 @@ type recEgress struct {
 	live map[string]egress.SessionOptions
 }
 
-func (r *recEgress) Serve(l net.Listener, pk string, o egress.SessionOptions) error {
+func (r *recEgress) Start(l net.Listener, pk string, o egress.SessionOptions) error {
 	r.mu.Lock()
 	r.live[pk] = o
 	r.mu.Unlock()
-	err := r.Proxy.Serve(l, pk, o)
+	return r.Proxy.Start(l, pk, o)
+}
+
+func (r *recEgress) Close(pk string) {
 	r.mu.Lock()
-	if cur, ok := r.live[pk]; ok && cur.Git == o.Git {
-		delete(r.live, pk)
-	}
+	delete(r.live, pk)
 	r.mu.Unlock()
-	return err
+	r.Proxy.Close(pk)
+}
+
+func (r *recEgress) UpdateGit(pk string, g *egress.GitPairing) {
+	r.mu.Lock()
+	o := r.live[pk]
+	o.Git = g
+	r.live[pk] = o
+	r.mu.Unlock()
+	r.Proxy.UpdateGit(pk, g)
 }
 
 func (r *recEgress) pairing(pk string) *egress.GitPairing {
@@ -137,7 +147,7 @@ func TestGitAttackDisconnectKeepsLiveCredential(t *testing.T) {
 	if err := e.db.DeleteGitToken(context.Background(), e.p.User.ID); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(100 * time.Millisecond)
+	e.m.GitCredentialChanged(context.Background(), e.p.User.ID) // what DELETE /v1/me/github does
 	if g := rec.pairing(ses.ID); g != nil && g.Token != "" {
 		t.Fatalf("after the user disconnected the credential, the running session's proxy still holds it and adds it to the paired repository's requests")
 	}
@@ -215,7 +225,7 @@ func TestGitAttackFastFailedProvisionLeaksEgressListener(t *testing.T) {
 	}
 }
 
-// Finding (low): a teardown's gitCommits are whatever the sandbox's
+// Was a finding (low), fixed: a teardown's gitCommits are whatever the sandbox's
 // "git rev-list" printed (up to 64 KiB of arbitrary words), and gitPushed
 // is whatever its "git push" exit status says: the API reports the
 // sandbox's claims as facts.

@@ -79,7 +79,8 @@ type Store interface {
 // Egress is what the Manager needs from the egress proxy (egress.Proxy):
 // one listener per running session, inside that sandbox's proxy namespace.
 type Egress interface {
-	Serve(l net.Listener, pk string, o egress.SessionOptions) error
+	Start(l net.Listener, pk string, o egress.SessionOptions) error
+	UpdateGit(pk string, g *egress.GitPairing)
 	Close(pk string)
 	Usage(pk string) (used, limit int64, ok bool)
 	Destinations(pk string) map[string]egress.Dest
