@@ -292,9 +292,11 @@ func (h sessionHooks) Stopped(pk string) {
 }
 
 // Paused: terminals and code contexts keep their processes (the driver
-// parks and re-attaches them); sockets into the sandbox (viewers, the
+// parks and re-attaches them), code runs in flight are interrupted and
+// answered; sockets into the sandbox (viewers, the
 // portal's services and pooled connections) and the log tail let go.
 func (h sessionHooks) Paused(pk string) {
+	h.s.contexts.Pause(pk) // runs in flight answer (SessionPaused) first
 	h.s.terms.Pause(pk)
 	h.s.portal.StopSession(pk)
 	h.s.logs.StopTail(pk)

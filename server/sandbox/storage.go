@@ -170,6 +170,11 @@ func (m *Manager) saveLocked(ctx context.Context, ses *store.Session, live bool)
 				others += o.Size
 			}
 		}
+		images, err := m.pausedImagesBytes(ctx, ses.OrgID, ses.ID) // the quota counts paused sessions' memory too
+		if err != nil {
+			return err
+		}
+		others += images
 		left = max(m.quota-others, 0)
 	}
 	gen := ses.Saved.Generation + 1
