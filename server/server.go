@@ -168,12 +168,13 @@ func New(ctx context.Context, cfg *config.Config, out io.Writer) (*Server, error
 		agent = filepath.Join(BinDir(), "sandboxd-agent")
 	}
 	rt, err := runsc.New(runsc.Config{
-		Binary:   bin,
-		StateDir: cfg.DataDir,
-		Agent:    agent,
-		Prefix:   config.ResourcePrefix(cfg.DataDir),
-		Platform: cfg.Runsc.Platform,
-		Debug:    cfg.Runsc.Debug,
+		Binary:            bin,
+		StateDir:          cfg.DataDir,
+		Agent:             agent,
+		Prefix:            config.ResourcePrefix(cfg.DataDir),
+		Platform:          cfg.Runsc.Platform,
+		Debug:             cfg.Runsc.Debug,
+		RestoreBackground: cfg.Runsc.RestoreBackground,
 		// Written by newServer before any sandbox starts.
 		TrustBundle: config.TrustBundlePath(cfg.DataDir),
 		Logger:      log,
