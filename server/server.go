@@ -56,7 +56,7 @@ type Runtime interface {
 	portal.Dialer
 	KernelLog(id string) string
 	ReleaseIdle()
-	CheckpointDir(id string) string // where a pause's image lives (sandbox.LocalImages)
+	CheckpointDir(id string) string // where a pause's image lives
 }
 
 var _ Runtime = (*runsc.Runtime)(nil)

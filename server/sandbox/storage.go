@@ -83,7 +83,9 @@ func (m *Manager) orgSaveLock(org string) *sync.Mutex {
 // named step of a save or restore the operation writes
 // <data-dir>/hang-<step> and blocks for good, so a test can kill -9 the
 // server exactly there. Steps: save-frozen, save-writing, save-recorded,
-// save-destroyed, restore-reading, restore-done. Empty in production.
+// save-destroyed, restore-reading, restore-done; pause-frozen (image
+// written, not yet admitted), pause-released, resume-loaded (before the
+// restore), resume-restored. Empty in production.
 var hangAt = os.Getenv("SANDBOXD_TEST_HANG_AT")
 
 func (m *Manager) hang(step string) {
