@@ -38,6 +38,10 @@ import (
 // directory (CheckpointDir).
 const checkpointDir = "checkpoint"
 
+// ImageFiles are the files of a checkpoint image (runsc checkpoint without
+// compression).
+var ImageFiles = []string{"checkpoint.img", "pages_meta.img", "pages.img"}
+
 // CheckpointDir is the local image directory of sandbox id's checkpoint.
 func (r *Runtime) CheckpointDir(id string) string { return filepath.Join(r.dir(id), checkpointDir) }
 
@@ -100,11 +104,13 @@ var ErrCheckpointFailed = errors.New("checkpoint failed")
 
 // Checkpoint saves the running sandbox id with its memory into imageDir
 // (created 0700; it must not exist or be empty) and stops it, releasing its cgroups,
-// netns and mounts; its disk and bundle stay for Restore. If the
-// checkpoint fails and the sandbox still runs, it goes on as before
-// (processes re-attached) and the error wraps ErrCheckpointFailed;
-// imageDir is removed either way.
-func (r *Runtime) Checkpoint(ctx context.Context, id, imageDir string) (err error) {
+// netns and mounts; its disk and bundle stay for Restore. commit (if not
+// nil) runs once the image is complete, while the sandbox is still there,
+// frozen: it keeps the image (e.g. in storage). If the checkpoint or
+// commit fails and the sandbox still runs, it goes on as before (processes
+// re-attached) and the error wraps ErrCheckpointFailed (and commit's
+// error); imageDir is removed either way.
+func (r *Runtime) Checkpoint(ctx context.Context, id, imageDir string, commit func(context.Context) error) (err error) {
 	if !r.Owns(id) {
 		return fmt.Errorf("container id %q not made by this runtime", id)
 	}
@@ -136,19 +142,27 @@ func (r *Runtime) Checkpoint(ctx context.Context, id, imageDir string) (err erro
 		r.wake(id, aps)
 		return fmt.Errorf("%w: pause: %v", ErrCheckpointFailed, err)
 	}
-	if _, err := r.run(ctx, "checkpoint", "--leave-running", "--image-path", imageDir, id); err != nil {
+	_, err = r.run(ctx, "checkpoint", "--leave-running", "--image-path", imageDir, id)
+	if err == nil {
+		for _, f := range ImageFiles {
+			os.Chmod(filepath.Join(imageDir, f), 0o600)
+		}
+		if commit != nil {
+			if cerr := commit(ctx); cerr != nil {
+				err = fmt.Errorf("keep the image: %w", cerr)
+			}
+		}
+	}
+	if err != nil {
 		rctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		_, rerr := r.run(rctx, "resume", id)
 		cancel()
 		if rerr == nil && r.alive(id) {
 			r.wake(id, aps)
-			return fmt.Errorf("%w: %v", ErrCheckpointFailed, err)
+			return fmt.Errorf("%w: %w", ErrCheckpointFailed, err)
 		}
 		r.AbandonParked(id)
 		return errors.Join(err, rerr) // the sandbox died: the caller tears it down
-	}
-	for _, f := range []string{"checkpoint.img", "pages.img", "pages_meta.img"} {
-		os.Chmod(filepath.Join(imageDir, f), 0o600)
 	}
 	// Release the frozen sandbox's compute, keep disk.img and the image.
 	// The parked processes wait for Restore.
@@ -207,7 +221,22 @@ func (r *Runtime) wake(id string, aps []*agent.Process) error {
 	if err != nil {
 		return fmt.Errorf("agent after restore: %w", err)
 	}
+	// What is still parked has no client here (a server restart lost it):
+	// ended now, not at the agent's 60 s expiry. An agent too old for the
+	// op leaves them to that expiry.
+	if e := r.Agent(id).Expire(ctx); e != nil {
+		r.log.Debug("expire parked processes", "id", id, "err", e)
+	}
 	return nil
+}
+
+// Wake makes the agent of a running sandbox listen again if a pause left it
+// suspended (a server killed between the agent's suspend and the end of the
+// checkpoint, or between a restore and the re-listen) and ends the
+// processes it still keeps parked for a server that is gone. A no-op on a
+// listening agent with nothing parked.
+func (r *Runtime) Wake(id string) error {
+	return r.wake(id, nil)
 }
 
 // Restore starts sandbox sb again from the image Checkpoint wrote, on its
@@ -221,7 +250,11 @@ func (r *Runtime) Restore(ctx context.Context, sb Sandbox, imageDir string) erro
 	}
 	aps, _ := r.procSet(sb.ID).live()
 	err := r.setup(ctx, sb, func(ctx context.Context) error {
-		if _, err := r.run(ctx, "restore", "--image-path", imageDir, "--detach", sb.ID); err != nil {
+		args := []string{"restore", "--image-path", imageDir, "--detach"}
+		if r.cfg.RestoreBackground {
+			args = append(args, "--background")
+		}
+		if _, err := r.run(ctx, append(args, sb.ID)...); err != nil {
 			return fmt.Errorf("restore: %w", err)
 		}
 		return nil

@@ -131,7 +131,7 @@ func TestRealCheckpoint(t *testing.T) {
 	c.check(t, 5)
 	dir := r.CheckpointDir(sb.ID)
 	t0 := time.Now()
-	if err := r.Checkpoint(ctx, sb.ID, dir); err != nil {
+	if err := r.Checkpoint(ctx, sb.ID, dir, nil); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("checkpoint %v", time.Since(t0))
@@ -181,7 +181,7 @@ func TestRealCheckpointFails(t *testing.T) {
 		t.Fatalf("%v %s", err, out)
 	}
 	t.Cleanup(func() { exec.Command("umount", "-l", dir).Run() }) // before Destroy
-	err := r.Checkpoint(ctx, sb.ID, dir)
+	err := r.Checkpoint(ctx, sb.ID, dir, nil)
 	if !errors.Is(err, ErrCheckpointFailed) {
 		t.Fatalf("checkpoint into a full dir: %v", err)
 	}

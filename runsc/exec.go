@@ -1,7 +1,6 @@
 package runsc
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -86,24 +85,37 @@ func (r *Runtime) Start(ctx context.Context, id string, s agent.Spec) (Process, 
 	}
 }
 
-// Exec runs a command and waits for it: through the in-sandbox agent when
-// it answers (milliseconds), else with runsc exec (tens of milliseconds).
-func (r *Runtime) Exec(ctx context.Context, id string, req ExecRequest) (ExecResult, error) {
-	if res, err, ok := r.execAgent(ctx, id, req); ok {
-		return res, err
-	}
-	return r.execRunsc(ctx, id, req)
-}
+// agentWait is how long a command waits for a sandbox's agent to answer
+// (it starts a few milliseconds after the sandbox; a pause suspends it for
+// a moment).
+const agentWait = 10 * time.Second
 
-// execAgent runs req through the agent. ok is false when the agent cannot
-// be reached (nothing was started), so the caller may fall back.
-func (r *Runtime) execAgent(ctx context.Context, id string, req ExecRequest) (res ExecResult, err error, ok bool) {
+// Exec runs a command through the in-sandbox agent and waits for it. Every
+// command is started by the agent, never by runsc exec, so its processes
+// (and the background processes it leaves) are the agent's and survive a
+// pause with memory: a command that comes before the agent answers waits
+// for it (agentWait).
+func (r *Runtime) Exec(ctx context.Context, id string, req ExecRequest) (ExecResult, error) {
 	start := time.Now()
 	r.warm(id, req.BaseEnv)
 	oomBefore := r.cg.oomKills(id)
-	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	p, err := r.Agent(id).Start(sctx, agent.Spec{Args: req.Args, Env: req.Env, Cwd: req.Cwd,
-		UID: UserUID, GID: UserGID, Stdin: req.Stdin != nil})
+	var res ExecResult
+	sctx, cancel := context.WithTimeout(ctx, agentWait)
+	var p *agent.Process
+	var err error
+	for {
+		p, err = r.Agent(id).Start(sctx, agent.Spec{Args: req.Args, Env: req.Env, Cwd: req.Cwd,
+			UID: UserUID, GID: UserGID, Stdin: req.Stdin != nil})
+		var ae *agent.AgentError
+		if err == nil || errors.As(err, &ae) || sctx.Err() != nil {
+			break
+		}
+		if !r.alive(id) {
+			cancel()
+			return res, ErrNotRunning
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	cancel()
 	if err == nil {
 		r.track(id, p)
@@ -111,15 +123,21 @@ func (r *Runtime) execAgent(ctx context.Context, id string, req ExecRequest) (re
 	if err != nil {
 		var ae *agent.AgentError
 		if !errors.As(err, &ae) {
-			return res, nil, false
+			if ctx.Err() != nil {
+				return res, ctx.Err()
+			}
+			if !r.alive(id) {
+				return res, ErrNotRunning
+			}
+			return res, fmt.Errorf("the sandbox's agent did not answer within %v: %w", agentWait, err)
 		}
 		switch ae.Message {
 		case "working directory does not exist", "working directory is not absolute", "permission denied":
-			return res, ErrBadCwd, true
+			return res, ErrBadCwd
 		case "process limit reached":
-			return res, ErrTooManyProcesses, true
+			return res, ErrTooManyProcesses
 		}
-		return res, fmt.Errorf("agent: %s", ae.Message), true
+		return res, fmt.Errorf("agent: %s", ae.Message)
 	}
 	defer p.Close()
 	var copies sync.WaitGroup
@@ -175,13 +193,13 @@ func (r *Runtime) execAgent(ctx context.Context, id string, req ExecRequest) (re
 		// The connection broke before an exit status: the sandbox died.
 		res.Died, res.ExitCode = !r.alive(id) || res.OOM, 137
 		if !res.Died {
-			return res, fmt.Errorf("agent: %v", w.err), true
+			return res, fmt.Errorf("agent: %v", w.err)
 		}
 	}
 	if res.TimedOut {
 		res.ExitCode = 124
 	}
-	return res, nil, true
+	return res, nil
 }
 
 // warm configures a sandbox's pool of warm login shells once (in the
@@ -202,96 +220,6 @@ func (r *Runtime) warm(id string, base []string) {
 			r.warmed.Delete(id)
 		}
 	}()
-}
-
-// execRunsc runs a command with runsc exec and waits for it. stdout and
-// stderr are written by the sandbox straight into pipes read here.
-func (r *Runtime) execRunsc(ctx context.Context, id string, req ExecRequest) (ExecResult, error) {
-	start := time.Now()
-	oomBefore := r.cg.oomKills(id)
-	procFile, pidFile, err := r.processFile(id, UserProcess(req.Args, req.Env, req.Cwd))
-	if err != nil {
-		return ExecResult{}, err
-	}
-	defer os.Remove(procFile)
-	defer os.Remove(pidFile)
-
-	args := append(r.globalArgs(), "exec", "--process", procFile, "--internal-pid-file", pidFile, id)
-	cmd := exec.Command(r.cfg.Binary, args...)
-	if req.Stdin != nil {
-		cmd.Stdin = req.Stdin
-	} // nil: /dev/null, so a command reading stdin sees EOF at once
-	// stderr is inspected for runsc's own start failure before passing on.
-	errTap := &headTap{w: req.Stderr, limit: 1024}
-	cmd.Stdout, cmd.Stderr = orDiscard(req.Stdout), errTap
-	// Background processes inside may keep the pipes open after the command
-	// exits; stop reading shortly after it does.
-	cmd.WaitDelay = 250 * time.Millisecond
-	if err := cmd.Start(); err != nil {
-		return ExecResult{}, fmt.Errorf("runsc exec: %w", err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-
-	var timer <-chan time.Time
-	if req.Timeout > 0 {
-		t := time.NewTimer(req.Timeout)
-		defer t.Stop()
-		timer = t.C
-	}
-	res := ExecResult{}
-	var waitErr error
-	select {
-	case waitErr = <-done:
-	case <-timer:
-		res.TimedOut = true
-		r.killGroup(id, pidFile)
-		waitErr = waitOrKill(cmd, done)
-	case <-ctx.Done():
-		r.killGroup(id, pidFile)
-		waitErr = waitOrKill(cmd, done)
-	}
-	res.Duration = time.Since(start)
-	res.ExitCode = exitCode(waitErr)
-	if res.ExitCode < 0 {
-		return res, fmt.Errorf("runsc exec: %w", waitErr)
-	}
-	// runsc writes the internal pid file once the process started. Exit
-	// 128 without it is runsc failing to start the process, and only then
-	// is stderr runsc's own text (never trust it otherwise: the command
-	// controls its stderr).
-	if _, perr := os.Stat(pidFile); res.ExitCode == 128 && perr != nil && !res.TimedOut {
-		return res, startError(errTap.head.String(), r.alive(id))
-	}
-	if n := r.cg.oomKills(id); n > oomBefore {
-		res.OOM, res.ExitCode = true, 137
-	}
-	if res.ExitCode == 128 && (res.OOM || !r.alive(id)) {
-		res.Died, res.ExitCode = true, 137
-	}
-	if res.TimedOut {
-		res.ExitCode = 124
-	}
-	errTap.finish(res.Died)
-	return res, nil
-}
-
-func startError(msg string, alive bool) error {
-	switch {
-	case !alive:
-		return ErrNotRunning
-	case strings.Contains(msg, "working directory"):
-		return ErrBadCwd
-	case strings.Contains(msg, "try again"), strings.Contains(msg, "resource temporarily unavailable"):
-		// EAGAIN: RLIMIT_NPROC of the sandbox user, or the cwd is not
-		// accessible (gVisor answers EAGAIN for both; processes are checked
-		// by the caller's retry advice).
-		return ErrTooManyProcesses
-	case strings.Contains(msg, "control socket"), strings.Contains(msg, "connecting to control server"),
-		strings.Contains(msg, "does not exist"), strings.Contains(msg, "not found"):
-		return ErrNotRunning
-	}
-	return fmt.Errorf("runsc exec: %s", strings.TrimSpace(msg))
 }
 
 // killAllExec kills every process in the sandbox except its PID 1 (the
@@ -403,25 +331,6 @@ func (r *Runtime) signalGroup(id, pidFile, sig string, done <-chan struct{}) err
 	return err
 }
 
-// killGroup kills a timed-out command's whole process group.
-func (r *Runtime) killGroup(id, pidFile string) {
-	if err := r.signalGroup(id, pidFile, "KILL", nil); err != nil {
-		r.log.Warn("kill process group", "id", id, "err", err)
-	}
-}
-
-// waitOrKill waits for runsc exec to return after the group was killed, and
-// kills runsc exec itself if it does not.
-func waitOrKill(cmd *exec.Cmd, done chan error) error {
-	select {
-	case err := <-done:
-		return err
-	case <-time.After(5 * time.Second):
-		cmd.Process.Kill()
-		return <-done
-	}
-}
-
 func exitCode(err error) int {
 	if err == nil {
 		return 0
@@ -437,53 +346,6 @@ func exitCode(err error) int {
 		return 0
 	}
 	return -1
-}
-
-// headTap passes stderr through to w, keeps its first limit bytes, and holds
-// back its last line until finish: when the sandbox dies under a command,
-// runsc appends its own error line there, which is not the command's output.
-type headTap struct {
-	mu    sync.Mutex
-	w     io.Writer
-	limit int
-	head  bytes.Buffer
-	last  []byte // bytes since (and including) the last complete line
-}
-
-const maxHeld = 4096
-
-func (h *headTap) Write(p []byte) (int, error) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if room := h.limit - h.head.Len(); room > 0 {
-		h.head.Write(p[:min(room, len(p))])
-	}
-	h.last = append(h.last, p...)
-	// Keep only the final line (with its newline) and anything after it.
-	cut := bytes.LastIndexByte(h.last[:max(len(h.last)-1, 0)], '\n') + 1
-	if len(h.last)-cut > maxHeld {
-		cut = len(h.last)
-	}
-	if cut > 0 {
-		if _, err := orDiscard(h.w).Write(h.last[:cut]); err != nil {
-			return 0, err
-		}
-		h.last = append(h.last[:0], h.last[cut:]...)
-	}
-	return len(p), nil
-}
-
-// finish releases the held line, unless it is runsc's own report of a
-// sandbox that went away.
-func (h *headTap) finish(died bool) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if died && bytes.Contains(h.last, []byte("waiting on pid")) {
-		h.last = nil
-		return
-	}
-	orDiscard(h.w).Write(h.last)
-	h.last = nil
 }
 
 // DialPort connects to 127.0.0.1:port inside a running sandbox through its

@@ -46,6 +46,10 @@ type Config struct {
 	// sandbox's system trust store (/etc/ssl/certs/ca-certificates.crt):
 	// the image's roots plus the installation's Git host CA.
 	TrustBundle string
+	// RestoreBackground restores checkpoints with runsc restore
+	// --background: the sandbox runs as soon as its kernel state is loaded
+	// and its memory pages load after (see docs/BENCHMARKS.md).
+	RestoreBackground bool
 	// Debug writes runsc debug logs under each sandbox's logs/ directory.
 	Debug bool
 	// Logger receives component logs; nil means slog.Default().

@@ -22,6 +22,7 @@ const (
 	StatusCreated Status = "created"
 	StatusStopped Status = "stopped" // not running: exited, killed, OOM or gone
 	StatusMissing Status = "missing" // runsc does not know the id
+	StatusFrozen  Status = "paused"  // frozen by runsc pause (a save or checkpoint in progress)
 )
 
 // State is what Inspect reports.
@@ -277,7 +278,7 @@ func (r *Runtime) Inspect(ctx context.Context, id string) (State, error) {
 func (r *Runtime) check(st runscState) State {
 	s := State{ID: st.ID, Pid: st.Pid, OOMKills: r.cg.oomKills(st.ID)}
 	switch st.Status {
-	case "running", "created":
+	case "running", "created", "paused":
 		s.Status = Status(st.Status)
 		if !pidAlive(st.Pid) {
 			s.Status = StatusStopped

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"errors"
 	"net/http"
 	"regexp"
 	"time"
@@ -109,6 +110,12 @@ func (s *Server) runCode(lang string) gin.HandlerFunc {
 		res, timedOut, runErr := k.Run(c.Request.Context(), req.Code, s.cfg.Limits.ExecOutputBytes, timeout, stdout, stderr)
 		stdout.Close()
 		stderr.Close()
+		if errors.Is(runErr, procs.ErrRunPaused) {
+			// Interrupted for a pause: the context and its state stay.
+			res = interp.Result{Error: &interp.Error{Name: "SessionPaused", Value: "the session was paused during the run: the run was interrupted " +
+				"(its output so far is above) and the context keeps its state; resume the session and run again"}}
+			runErr = nil
+		}
 		if runErr != nil {
 			// The context is gone (it exited, or ignored the interrupt and was
 			// killed): the next run starts a fresh one.

@@ -44,13 +44,8 @@ func TestRealPause(t *testing.T) {
 	cfg := realConfig(t)
 	h := startServer(t, cfg)
 	h.provision("pz", "test-tiny")
-	// The first commands of a fresh sandbox may run through runsc exec
-	// (the agent is not up yet), and gVisor does not carry such processes
-	// over a checkpoint: start the loop once the agent answers.
-	for i := 0; i < 3; i++ {
-		h.sh("pz", "true")
-		time.Sleep(200 * time.Millisecond)
-	}
+	// The very first command: every exec is started by the agent (it
+	// waits for it), so the loop is carried over the checkpoint.
 	h.sh("pz", "(i=0; while :; do echo $i > /tmp/c.new; mv /tmp/c.new /tmp/c; i=$((i+1)); sleep 0.1; done) >/dev/null 2>&1 &")
 	if code, r, raw := h.runCode("python", "pz", map[string]any{"code": "secret_sauce = 6 * 7\nimport math"}); code != 200 || r.Error != nil {
 		t.Fatalf("python: %d %s", code, raw)

@@ -56,7 +56,7 @@ type Runtime interface {
 	portal.Dialer
 	KernelLog(id string) string
 	ReleaseIdle()
-	CheckpointDir(id string) string // where a pause's image lives (sandbox.LocalImages)
+	CheckpointDir(id string) string // where a pause's image lives
 }
 
 var _ Runtime = (*runsc.Runtime)(nil)
@@ -168,12 +168,13 @@ func New(ctx context.Context, cfg *config.Config, out io.Writer) (*Server, error
 		agent = filepath.Join(BinDir(), "sandboxd-agent")
 	}
 	rt, err := runsc.New(runsc.Config{
-		Binary:   bin,
-		StateDir: cfg.DataDir,
-		Agent:    agent,
-		Prefix:   config.ResourcePrefix(cfg.DataDir),
-		Platform: cfg.Runsc.Platform,
-		Debug:    cfg.Runsc.Debug,
+		Binary:            bin,
+		StateDir:          cfg.DataDir,
+		Agent:             agent,
+		Prefix:            config.ResourcePrefix(cfg.DataDir),
+		Platform:          cfg.Runsc.Platform,
+		Debug:             cfg.Runsc.Debug,
+		RestoreBackground: cfg.Runsc.RestoreBackground,
 		// Written by newServer before any sandbox starts.
 		TrustBundle: config.TrustBundlePath(cfg.DataDir),
 		Logger:      log,
@@ -292,9 +293,11 @@ func (h sessionHooks) Stopped(pk string) {
 }
 
 // Paused: terminals and code contexts keep their processes (the driver
-// parks and re-attaches them); sockets into the sandbox (viewers, the
+// parks and re-attaches them), code runs in flight are interrupted and
+// answered; sockets into the sandbox (viewers, the
 // portal's services and pooled connections) and the log tail let go.
 func (h sessionHooks) Paused(pk string) {
+	h.s.contexts.Pause(pk) // runs in flight answer (SessionPaused) first
 	h.s.terms.Pause(pk)
 	h.s.portal.StopSession(pk)
 	h.s.logs.StopTail(pk)

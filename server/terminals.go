@@ -54,7 +54,7 @@ func (s *Server) terminalWS(c *gin.Context) {
 	var term *procs.Terminal
 	if termID != "" {
 		if term = s.terms.Get(ses.ID, termID); term == nil {
-			s.writeError(c, errdefs.NotFound("no such terminal"))
+			s.writeError(c, errdefs.NotFound("no such terminal: it ended, or the server restarted since it was opened (terminals do not outlive the server process); open a new one"))
 			return
 		}
 	} else if tty && len(s.terms.List(ses.ID)) >= procs.MaxTerminalsPerSession {

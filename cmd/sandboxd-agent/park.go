@@ -280,6 +280,21 @@ func (s *server) expireParked(epoch int) {
 	}
 }
 
+// expireParkedNow kills every session that is parked right now (op
+// expire): the server re-attached those it knows, so the rest have no
+// client any more (the server restarted while its sandbox was paused).
+func (s *server) expireParkedNow() {
+	s.smu.Lock()
+	list := make([]*session, 0, len(s.sessions))
+	for _, ss := range s.sessions {
+		list = append(list, ss)
+	}
+	s.smu.Unlock()
+	for _, ss := range list {
+		ss.expire() // a no-op on a connected or finished session
+	}
+}
+
 // accept serves one listener until it is closed (by suspend or shutdown).
 func (s *server) accept(ln *net.UnixListener) {
 	defer s.acceptWG.Done()

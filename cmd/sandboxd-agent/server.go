@@ -232,6 +232,9 @@ func (s *server) handle(nc *net.UnixConn) {
 		c.writeOK()
 	case agent.OpAttach:
 		s.serveAttach(c, &req)
+	case agent.OpExpire:
+		s.expireParkedNow()
+		c.writeOK()
 	case agent.OpStats:
 		c.writeJSON(agent.FrameExit, agent.Stats{
 			Goroutines: runtime.NumGoroutine(), FDs: countFDs(), Warm: s.pool.readyCount(),

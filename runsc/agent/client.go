@@ -103,6 +103,13 @@ func (c *Client) Suspend(ctx context.Context) error {
 	return err
 }
 
+// Expire makes the agent kill the processes still parked (after a
+// restore, once the server re-attached every process it knows of).
+func (c *Client) Expire(ctx context.Context) error {
+	_, err := c.simple(ctx, &Request{Op: OpExpire})
+	return err
+}
+
 // Ping measures one round trip, dialing included.
 func (c *Client) Ping(ctx context.Context) (time.Duration, error) {
 	t0 := time.Now()

@@ -24,6 +24,7 @@
 //	{"op":"dial","port":8000}
 //	{"op":"suspend"}
 //	{"op":"attach","pid":42}
+//	{"op":"expire"}
 //
 // start: runs args (args[0] without a slash is looked up in the request's
 // PATH) with exactly env, in cwd (default "/"), as uid/gid (default
@@ -70,6 +71,12 @@
 // goes on exactly as on its first connection. If the session still has a
 // connection (no suspend came), that one is cut and this one takes over.
 // An unknown or ended process answers 'E' "no such process".
+//
+// expire: kills every session still parked (as its expiry 60 s after the
+// re-listen would) and answers 'x'. The server sends it after a restore,
+// once it re-attached every process it knows of: after a server restart it
+// knows none, so terminals and code contexts of the lost server end at
+// once instead of lingering.
 //
 // stats (debug): answers 'x' {"exitCode":0,"goroutines":N,"fds":N,"warm":N}.
 //

@@ -30,6 +30,7 @@ const (
 	OpDial    = "dial"
 	OpSuspend = "suspend"
 	OpAttach  = "attach"
+	OpExpire  = "expire"
 )
 
 // Frame types.

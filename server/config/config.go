@@ -41,6 +41,10 @@ type Config struct {
 		Agent    string `yaml:"agent"`
 		Platform string `yaml:"platform"`
 		Debug    bool   `yaml:"debug"`
+		// RestoreBackground resumes paused sandboxes with runsc restore
+		// --background: they run once their kernel state is loaded, their
+		// memory pages load after.
+		RestoreBackground bool `yaml:"restoreBackground"`
 	} `yaml:"runsc"`
 	Image struct {
 		CacheDir    string `yaml:"cacheDir"`

@@ -51,10 +51,55 @@ type Context struct {
 	lastUsed time.Time // guarded by cs.mu
 	seq      uint64    // the last request's number; with the slot held
 
-	pmu      sync.Mutex // guards proc, out, err and stop against kill
+	pmu      sync.Mutex // guards proc, out, err and stop against kill, and the run's pause channels
 	proc     runsc.Process
 	out, err *markReader
 	stop     chan struct{} // closed by kill
+	// While a run is in flight: pausing is closed by Pause (the session is
+	// being paused), runDone by the run when it returns.
+	pausing, runDone chan struct{}
+}
+
+// ErrRunPaused: the run was interrupted because its session was paused; the
+// context keeps its state.
+var ErrRunPaused = errors.New("session paused during the run")
+
+// pauseWait bounds how long Pause waits for interrupted runs to answer.
+const pauseWait = interruptGrace + time.Second
+
+// Pause interrupts the runs in flight in a session's contexts (its sandbox
+// is about to be checkpointed) and waits, at most pauseWait, for them to
+// return: each is interrupted as at its timeout (Python: KeyboardInterrupt)
+// and answers ErrRunPaused, so no client waits on a frozen sandbox and the
+// interpreters are idle in the checkpoint.
+func (cs *Contexts) Pause(pk string) {
+	cs.mu.Lock()
+	var list []*Context
+	for key, k := range cs.m {
+		if key.PK == pk {
+			list = append(list, k)
+		}
+	}
+	cs.mu.Unlock()
+	var done []chan struct{}
+	for _, k := range list {
+		k.pmu.Lock()
+		if k.pausing != nil {
+			close(k.pausing)
+			k.pausing = nil
+			done = append(done, k.runDone)
+		}
+		k.pmu.Unlock()
+	}
+	t := time.NewTimer(pauseWait)
+	defer t.Stop()
+	for _, d := range done {
+		select {
+		case <-d:
+		case <-t.C:
+			return
+		}
+	}
 }
 
 // Acquire returns key's context with its slot held, making room for a new
@@ -240,7 +285,17 @@ var ErrContextEnded = errors.New("code context ended")
 func (k *Context) Run(ctx context.Context, code string, maxResult int, timeout time.Duration, stdout, stderr io.Writer) (res interp.Result, timedOut bool, err error) {
 	k.pmu.Lock()
 	p, outR, errR, stop := k.proc, k.out, k.err, k.stop
+	pausing, runDone := make(chan struct{}), make(chan struct{})
+	k.pausing, k.runDone = pausing, runDone
 	k.pmu.Unlock()
+	defer func() {
+		k.pmu.Lock()
+		if k.runDone == runDone {
+			k.pausing, k.runDone = nil, nil
+		}
+		k.pmu.Unlock()
+		close(runDone)
+	}()
 	if p == nil {
 		return res, false, ErrContextEnded
 	}
@@ -264,7 +319,7 @@ func (k *Context) Run(ctx context.Context, code string, maxResult int, timeout t
 		}
 	}
 	wantErr := []byte(strconv.FormatUint(seq, 10))
-	var gotOut, gotErr, lost bool
+	var gotOut, gotErr, lost, paused bool
 	outCh, errCh := outR.ch, errR.ch
 	for !gotOut || !gotErr {
 		select {
@@ -290,10 +345,18 @@ func (k *Context) Run(ctx context.Context, code string, maxResult int, timeout t
 				gotErr = true
 			}
 		case err := <-written:
+			if errors.Is(err, agent.ErrParked) {
+				// The session is being paused: nothing was sent.
+				return res, false, ErrRunPaused
+			}
 			if err != nil {
 				lost = true
 				interrupt() // collect what is left, then give up
 			}
+		case <-pausing:
+			pausing = nil
+			paused = true
+			interrupt()
 		case <-stop:
 			return res, timedOut, ErrContextEnded
 		case <-timer.C:
@@ -309,6 +372,9 @@ func (k *Context) Run(ctx context.Context, code string, maxResult int, timeout t
 	}
 	if lost {
 		return res, timedOut, ErrContextEnded
+	}
+	if paused {
+		return res, timedOut, ErrRunPaused
 	}
 	return res, timedOut, nil
 }

@@ -28,10 +28,11 @@ import (
 //	provisioning -> stopped            (resume failed: the disk is kept)
 //	running      -> paused             (pause: checkpoint with memory, pause.go)
 //	paused       -> provisioning -> running (resume restores the checkpoint)
+//	provisioning -> paused             (a resume from a checkpoint interrupted before the restore: reconcile)
 //	paused       -> stopping -> stopped (teardown drops the checkpoint)
 //	any          -> deleted            (delete; the id stays used)
 var transitions = map[string][]string{
-	store.StatusProvisioning: {store.StatusRunning, store.StatusFailed, store.StatusStopped},
+	store.StatusProvisioning: {store.StatusRunning, store.StatusFailed, store.StatusStopped, store.StatusPaused},
 	store.StatusRunning:      {store.StatusStopping, store.StatusFailed, store.StatusDeleted, store.StatusPaused},
 	store.StatusPaused:       {store.StatusProvisioning, store.StatusStopping, store.StatusDeleted},
 	store.StatusStopping:     {store.StatusStopped, store.StatusFailed, store.StatusRunning},
@@ -474,6 +475,24 @@ func (m *Manager) stopSessionLocked(ctx context.Context, ses *store.Session, sav
 	default:
 		return res, errdefs.Conflict("session is %s; only a running, paused or failed session can be torn down", ses.Status)
 	}
+	if ses.Status == store.StatusPaused && save && ses.GitRepo != "" && m.git.Host != "" {
+		// The paired branch's commits are pushed by git inside the sandbox
+		// (never on the host): the paused sandbox is restored first, then
+		// torn down as a running one (push, save). If it cannot be, the
+		// session stays paused with its memory and the teardown can be retried.
+		m.log.Info("teardown of a paused paired session: restoring it to push", "session", ses.SessionID)
+		if err := m.resumePausedLocked(ctx, ses); err != nil {
+			m.log.Error("restore for the push", "session", ses.SessionID, "err", err)
+			if ses.Status == store.StatusPaused {
+				if pe, ok := errdefs.Public(err); ok && errors.Is(err, errdefs.ErrUnavailable) {
+					return res, pe // e.g. no capacity: it says why
+				}
+				return res, errdefs.Unavailable("the paused session could not be restored to push its commits; it stays paused with its memory, retry the teardown")
+			}
+			return res, errdefs.Unavailable("the paused session could not be restored to push its commits; it is %s with its workspace kept, resume it and retry the teardown", ses.Status)
+		}
+		m.events.Event(ses.ID, "restored_for_push", nil)
+	}
 	prev := ses.Status
 	if ses.Status != store.StatusStopping {
 		if err := m.setStatusLocked(ctx, ses, store.StatusStopping, ses.StatusReason); err != nil {
@@ -702,23 +721,71 @@ func (m *Manager) reconcileOne(ctx context.Context, ses *store.Session, st runsc
 			m.log.Error("reconcile: "+what, "session", ses.SessionID, "err", err)
 		}
 	}
+	// adopt keeps a live sandbox as the session's running one. Its agent
+	// may have been left suspended by an interrupted pause or restore:
+	// woken, and what it parked for the lost server ends.
+	adopt := func() {
+		keep[ses.ContainerID] = true
+		m.account(ses)
+		logErr("wake agent", m.rt.Wake(ses.ContainerID))
+		m.hooks.Started(ses)
+		m.Scrubber(ses.ID) // as in a start
+		// The sandbox lives on without a way out if this fails; say so.
+		logErr("egress listener", m.startEgress(ses))
+	}
 	switch ses.Status {
 	case store.StatusRunning:
+		if st.Status == runsc.StatusFrozen && st.OOMKills == 0 {
+			// A pause was interrupted with the sandbox frozen: finished if
+			// its image was complete, else undone.
+			if m.imageComplete(ses) {
+				logErr("destroy", m.rt.Destroy(ctx, ses.ContainerID, runsc.DestroyOpts{KeepDisk: true}))
+				logErr("status", m.setStatusLocked(ctx, ses, store.StatusPaused, ""))
+				m.events.Event(ses.ID, "paused", map[string]any{"by": "reconcile"})
+				m.auditSystem("sandbox.pause_finished", ses, nil)
+				return
+			}
+			logErr("thaw", m.rt.Thaw(ctx, ses.ContainerID))
+			st.Status = runsc.StatusRunning
+		}
 		if st.Status == runsc.StatusRunning && st.OOMKills == 0 {
-			keep[ses.ContainerID] = true
-			m.account(ses)
-			m.hooks.Started(ses)
-			m.Scrubber(ses.ID) // as in a start
-			// The sandbox lives on without a way out if this fails; say so.
-			logErr("egress listener", m.startEgress(ses))
+			m.dropCheckpoint(ctx, ses) // of a pause that did not finish
+			adopt()
+			return
+		}
+		if m.imageComplete(ses) {
+			// The pause got past its image and was stopped releasing the sandbox.
+			logErr("destroy", m.rt.Destroy(ctx, ses.ContainerID, runsc.DestroyOpts{KeepDisk: true}))
+			logErr("status", m.setStatusLocked(ctx, ses, store.StatusPaused, ""))
+			m.events.Event(ses.ID, "paused", map[string]any{"by": "reconcile"})
+			m.auditSystem("sandbox.pause_finished", ses, nil)
 			return
 		}
 		m.account(ses) // released again by markDead
 		m.markDeadLocked(ctx, ses, deathReason(st.OOMKills > 0))
 	case store.StatusProvisioning:
+		if ses.StartedAt != nil && m.imageComplete(ses) {
+			// A resume from a checkpoint was interrupted. A sandbox that
+			// runs was restored: it goes on. Otherwise the image was not
+			// used yet and the session is paused again.
+			if (st.Status == runsc.StatusRunning || st.Status == runsc.StatusCreated) && st.OOMKills == 0 {
+				m.dropCheckpoint(ctx, ses)
+				adopt()
+				logErr("status", m.setStatusLocked(ctx, ses, store.StatusRunning, ""))
+				m.forgetActivity(ses.ID)
+				m.events.Event(ses.ID, "started", map[string]any{"size": ses.Size, "resumed": true, "restored": true})
+				m.auditSystem("sandbox.resume_finished", ses, nil)
+				return
+			}
+			logErr("destroy", m.rt.Destroy(ctx, ses.ContainerID, runsc.DestroyOpts{KeepDisk: true}))
+			logErr("status", m.setStatusLocked(ctx, ses, store.StatusPaused, ses.StatusReason))
+			m.auditSystem("sandbox.resume_undone", ses, map[string]any{"paused": true})
+			return
+		}
 		if ses.StartedAt != nil {
 			// A resume was interrupted: back to stopped, disk kept.
 			logErr("destroy", m.rt.Destroy(ctx, ses.ContainerID, runsc.DestroyOpts{KeepDisk: true}))
+			m.dropCheckpoint(ctx, ses) // an incomplete image, if any
 			logErr("status", m.setStatusLocked(ctx, ses, store.StatusStopped, ses.StatusReason))
 			m.auditSystem("sandbox.resume_undone", ses, nil)
 			return

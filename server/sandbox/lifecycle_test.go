@@ -33,6 +33,7 @@ func TestCanTransitionTable(t *testing.T) {
 		{store.StatusPaused, store.StatusProvisioning}:  true, // resume (restore)
 		{store.StatusPaused, store.StatusStopping}:      true, // teardown
 		{store.StatusPaused, store.StatusDeleted}:       true,
+		{store.StatusProvisioning, store.StatusPaused}:  true, // an interrupted restore, at reconcile
 	}
 	for _, from := range all {
 		for _, to := range all {

@@ -53,9 +53,12 @@ type Runtime interface {
 	ListenProxy(id string) (net.Listener, error)
 	Exec(ctx context.Context, id string, req runsc.ExecRequest) (runsc.ExecResult, error)
 	KillAll(ctx context.Context, id string) error
-	Checkpoint(ctx context.Context, id, imageDir string) error
+	CheckpointDir(id string) string
+	Checkpoint(ctx context.Context, id, imageDir string, commit func(context.Context) error) error
 	Restore(ctx context.Context, sb runsc.Sandbox, imageDir string) error
 	AbandonParked(id string)
+	Wake(id string) error
+	Thaw(ctx context.Context, id string) error
 }
 
 // Store is what the Manager needs from the database (store.DB).
@@ -122,9 +125,6 @@ type Options struct {
 	Policy  *egress.Policy // the allowlist (per project)
 	Events  Events
 	Hooks   Hooks
-	// Images keeps checkpoint images (pause); nil means LocalImages in
-	// the driver's directories (Runtime must then have CheckpointDir).
-	Images Images
 	// Rules is the scrubber's pattern set; each session's adds its secrets.
 	Rules *scrub.Set
 	// Git is the host paired repositories live on (zero: none).
@@ -151,7 +151,6 @@ type Manager struct {
 	policy *egress.Policy
 	events Events
 	hooks  Hooks
-	images Images
 	scrub  *scrubbers
 	git    GitHost
 	log    *slog.Logger
@@ -179,17 +178,12 @@ type Manager struct {
 // New returns a Manager; call Reconcile, then StartMonitor.
 func New(o Options) *Manager {
 	m := &Manager{lim: o.Limits, data: o.DataDir, image: o.Image, rt: o.Runtime, db: o.Store, egress: o.Egress,
-		policy: o.Policy, events: o.Events, hooks: o.Hooks, images: o.Images, log: o.Log, now: o.Now, git: o.Git,
+		policy: o.Policy, events: o.Events, hooks: o.Hooks, log: o.Log, now: o.Now, git: o.Git,
 		scrub: &scrubbers{base: o.Rules}, locks: map[string]*sessionLock{}, perOrg: map[string]int{},
 		activity: map[string]*activity{}, done: make(chan struct{}),
 		storage: o.Storage, disks: o.Disks, quota: o.StorageQuota, orgSaves: map[string]*sync.Mutex{}}
 	if m.now == nil {
 		m.now = func() time.Time { return time.Now().UTC() }
-	}
-	if m.images == nil {
-		if d, ok := o.Runtime.(interface{ CheckpointDir(string) string }); ok {
-			m.images = LocalImages{DirOf: d.CheckpointDir}
-		}
 	}
 	m.memMax = o.Limits.MaxMemoryMiB
 	if m.memMax == 0 {

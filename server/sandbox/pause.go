@@ -3,7 +3,9 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
+	"path/filepath"
 
 	"sandboxd/runsc"
 	"sandboxd/server/config"
@@ -21,36 +23,94 @@ import (
 //	paused  -> stopping -> stopped     (teardown drops the image, keeps the disk)
 //	paused  -> deleted                 (delete drops both)
 
-// Images keeps checkpoint images between a pause and its resume: the one
-// place that saves and loads them. The driver writes and reads an image
-// in a local directory (Dir); Save may then move it to storage, Load brings
-// it back into Dir, Delete drops it wherever it is.
-type Images interface {
-	Dir(containerID string) string
-	Save(ctx context.Context, containerID string) error
-	Load(ctx context.Context, containerID string) error
-	Delete(ctx context.Context, containerID string) error
+// Checkpoint images stay on the node, in the sandbox's directory
+// (Runtime.CheckpointDir, 0700): an image restores only onto the exact
+// disk it was taken with, which is the node's disk.img (a pause does not
+// save the disk), so a copy in storage could not be resumed anywhere else
+// and would cost a second write of up to the sandbox's memory. They count
+// against the organization's storage quota with its saves (507 at the
+// pause, which then leaves the sandbox running). An image is usable once
+// its marker (imageMarker) is written: after runsc wrote every file and
+// the quota admitted it, before the sandbox is released.
+
+// imageMarker is the file that marks a checkpoint image complete.
+const imageMarker = "complete"
+
+func (m *Manager) imageDir(ses *store.Session) string { return m.rt.CheckpointDir(ses.ContainerID) }
+
+// imageComplete reports whether the session's checkpoint image was fully
+// written and admitted (a pause that finished, or got past its commit).
+func (m *Manager) imageComplete(ses *store.Session) bool {
+	_, err := os.Stat(filepath.Join(m.imageDir(ses), imageMarker))
+	return err == nil
 }
 
-// LocalImages keeps images where the driver wrote them, under the
-// sandbox's directory (runsc.Runtime.CheckpointDir).
-type LocalImages struct {
-	DirOf func(containerID string) string
+// dirBytes is the space the files directly in dir take.
+func dirBytes(dir string) int64 {
+	ents, _ := os.ReadDir(dir)
+	var n int64
+	for _, e := range ents {
+		if fi, err := e.Info(); err == nil && fi.Mode().IsRegular() {
+			n += fi.Size()
+		}
+	}
+	return n
 }
 
-func (l LocalImages) Dir(id string) string                      { return l.DirOf(id) }
-func (l LocalImages) Save(ctx context.Context, id string) error { return nil }
-
-func (l LocalImages) Load(ctx context.Context, id string) error {
-	_, err := os.Stat(l.DirOf(id))
-	return err
+// pausedImagesBytes is what the checkpoint images of an organization's
+// paused sessions (but except) take on the node.
+func (m *Manager) pausedImagesBytes(ctx context.Context, org, except string) (int64, error) {
+	list, err := m.db.ListSessions(ctx, org, store.StatusPaused)
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	for i := range list {
+		if list[i].ID != except {
+			n += dirBytes(m.rt.CheckpointDir(list[i].ContainerID))
+		}
+	}
+	return n, nil
 }
 
-func (l LocalImages) Delete(ctx context.Context, id string) error {
-	if err := os.RemoveAll(l.DirOf(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+// keepImageLocked admits a complete checkpoint image (the checkpoint's
+// commit, while the sandbox is frozen): within the organization's quota
+// (with its saves and other paused sessions' images) it is marked
+// complete; over it, errdefs.ErrNoSpace and the sandbox runs on.
+func (m *Manager) keepImageLocked(ctx context.Context, ses *store.Session, dir string) error {
+	m.hang("pause-frozen")
+	size := dirBytes(dir)
+	mu := m.orgSaveLock(ses.OrgID)
+	mu.Lock()
+	defer mu.Unlock()
+	if m.quota > 0 {
+		used, err := m.pausedImagesBytes(ctx, ses.OrgID, ses.ID)
+		if err != nil {
+			return err
+		}
+		if m.storage != nil {
+			list, err := m.storage.List(ctx, ses.OrgID, "")
+			if err != nil {
+				return fmt.Errorf("list storage: %w", err)
+			}
+			for _, o := range list {
+				used += o.Size
+			}
+		}
+		if used+size > m.quota {
+			m.events.Event(ses.ID, "pause_failed", map[string]any{"reason": "quota", "imageBytes": size})
+			return errdefs.NoSpace("pausing this session needs %d MiB for its memory image, which would pass your organization's storage quota "+
+				"(%d MiB; %d MiB used by saves and paused sessions); the session keeps running: delete sessions you no longer need, or tear it down instead",
+				(size+1<<20-1)>>20, m.quota>>20, used>>20)
+		}
+	}
+	f, err := os.OpenFile(filepath.Join(dir, imageMarker), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
 		return err
 	}
-	return nil
+	defer f.Close()
+	fmt.Fprintf(f, "%d\n", size)
+	return f.Sync()
 }
 
 // IdleAction is what the idle timeout does to a session: its own choice,
@@ -89,27 +149,39 @@ func (m *Manager) Pause(ctx context.Context, orgID, sessionID string) (store.Ses
 func (m *Manager) pauseLocked(ctx context.Context, ses *store.Session, by string) error {
 	dctx, cancel := detached(ctx)
 	defer cancel()
-	m.hooks.Paused(ses.ID) // viewers and services let go before the agent is suspended
+	// Code runs in flight are interrupted and answered, viewers and
+	// services let go, before the agent is suspended.
+	m.hooks.Paused(ses.ID)
 	t0 := m.now()
-	if err := m.rt.Checkpoint(dctx, ses.ContainerID, m.images.Dir(ses.ContainerID)); err != nil {
+	// The disk gets what the sentry holds (e.g. written shared mappings),
+	// so a teardown of the paused session, which keeps only the disk, has
+	// every file as it was.
+	m.syncSandbox(dctx, ses)
+	dir := m.imageDir(ses)
+	err := m.rt.Checkpoint(dctx, ses.ContainerID, dir, func(ctx context.Context) error { return m.keepImageLocked(ctx, ses, dir) })
+	if err != nil {
 		m.log.Error("checkpoint", "session", ses.SessionID, "err", err)
 		if !errors.Is(err, runsc.ErrCheckpointFailed) {
 			m.checkAliveLocked(dctx, ses)
 			return errdefs.Unavailable("the sandbox could not be paused and stopped; it is %s", ses.Status)
 		}
 		m.hooks.Resumed(ses)
+		if errors.Is(err, errdefs.ErrNoSpace) {
+			var pe *errdefs.Error
+			if errors.As(err, &pe) {
+				return pe
+			}
+		}
 		m.events.Event(ses.ID, "pause_failed", nil)
 		return errdefs.Unavailable("the sandbox could not be paused; it is still running")
 	}
-	if err := m.images.Save(dctx, ses.ContainerID); err != nil {
-		m.log.Error("save checkpoint", "session", ses.SessionID, "err", err)
-	}
+	m.hang("pause-released")
 	m.stopEgress(ses)
 	m.release(ses.OrgID, ses.MemoryMiB)
 	if err := m.setStatusLocked(dctx, ses, store.StatusPaused, by); err != nil {
 		return err
 	}
-	m.events.Event(ses.ID, "paused", map[string]any{"ms": m.now().Sub(t0).Milliseconds(), "by": by})
+	m.events.Event(ses.ID, "paused", map[string]any{"ms": m.now().Sub(t0).Milliseconds(), "by": by, "imageBytes": dirBytes(dir)})
 	return nil
 }
 
@@ -144,13 +216,18 @@ func (m *Manager) resumePausedLocked(ctx context.Context, ses *store.Session) (e
 	cctx, cancel := detached(ctx)
 	defer cancel()
 	sb := runsc.Sandbox{ID: ses.ContainerID, Image: m.image, Limits: Limits(sizeOf(ses))}
-	rerr := m.images.Load(cctx, ses.ContainerID)
+	rerr := errors.New("no complete checkpoint image")
+	if m.imageComplete(ses) {
+		m.hang("resume-loaded")
+		rerr = m.rt.Restore(cctx, sb, m.imageDir(ses))
+	}
 	if rerr == nil {
-		rerr = m.rt.Restore(cctx, sb, m.images.Dir(ses.ContainerID))
+		m.hang("resume-restored")
 	}
-	if err := m.images.Delete(cctx, ses.ContainerID); err != nil {
-		m.log.Warn("delete checkpoint", "session", ses.SessionID, "err", err)
-	}
+	// The image served its one restore: the sandbox's memory now moves on
+	// from it (runsc restore --background still reads pages from the open
+	// files, which outlive their names).
+	m.dropCheckpoint(cctx, ses)
 	if rerr != nil {
 		// Its processes are gone: what waited for them ends.
 		m.log.Error("restore failed; starting from the disk", "session", ses.SessionID, "err", rerr)
@@ -189,7 +266,7 @@ func (m *Manager) resumePausedLocked(ctx context.Context, ses *store.Session) (e
 // dropCheckpoint deletes a session's checkpoint image, if any (teardown,
 // delete: the memory of a paused session is not kept).
 func (m *Manager) dropCheckpoint(ctx context.Context, ses *store.Session) {
-	if err := m.images.Delete(ctx, ses.ContainerID); err != nil {
+	if err := os.RemoveAll(m.imageDir(ses)); err != nil {
 		m.log.Warn("delete checkpoint", "session", ses.SessionID, "err", err)
 	}
 }

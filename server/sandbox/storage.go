@@ -83,7 +83,9 @@ func (m *Manager) orgSaveLock(org string) *sync.Mutex {
 // named step of a save or restore the operation writes
 // <data-dir>/hang-<step> and blocks for good, so a test can kill -9 the
 // server exactly there. Steps: save-frozen, save-writing, save-recorded,
-// save-destroyed, restore-reading, restore-done. Empty in production.
+// save-destroyed, restore-reading, restore-done; pause-frozen (image
+// written, not yet admitted), pause-released, resume-loaded (before the
+// restore), resume-restored. Empty in production.
 var hangAt = os.Getenv("SANDBOXD_TEST_HANG_AT")
 
 func (m *Manager) hang(step string) {
@@ -170,6 +172,11 @@ func (m *Manager) saveLocked(ctx context.Context, ses *store.Session, live bool)
 				others += o.Size
 			}
 		}
+		images, err := m.pausedImagesBytes(ctx, ses.OrgID, ses.ID) // the quota counts paused sessions' memory too
+		if err != nil {
+			return err
+		}
+		others += images
 		left = max(m.quota-others, 0)
 	}
 	gen := ses.Saved.Generation + 1

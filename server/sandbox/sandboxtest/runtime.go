@@ -178,7 +178,7 @@ func (f *Runtime) CheckpointDir(id string) string {
 
 // Checkpoint writes a fake image into imageDir (or fails with
 // CheckpointErr, writing nothing).
-func (f *Runtime) Checkpoint(ctx context.Context, id, imageDir string) error {
+func (f *Runtime) Checkpoint(ctx context.Context, id, imageDir string, commit func(context.Context) error) error {
 	f.Record("checkpoint " + id)
 	f.Mu.Lock()
 	err := f.CheckpointErr
@@ -189,8 +189,23 @@ func (f *Runtime) Checkpoint(ctx context.Context, id, imageDir string) error {
 	if err := os.MkdirAll(imageDir, 0o700); err != nil {
 		return err
 	}
-	return os.WriteFile(filepath.Join(imageDir, "checkpoint.img"), []byte("memory"), 0o600)
+	if err := os.WriteFile(filepath.Join(imageDir, "checkpoint.img"), []byte("memory"), 0o600); err != nil {
+		return err
+	}
+	if commit != nil {
+		if err := commit(ctx); err != nil {
+			os.RemoveAll(imageDir)
+			return fmt.Errorf("%w: %w", runsc.ErrCheckpointFailed, err)
+		}
+	}
+	return nil
 }
+
+// Wake records that a sandbox's agent was woken.
+func (f *Runtime) Wake(id string) error { f.Record("wake " + id); return nil }
+
+// Thaw records that a frozen sandbox was let go on.
+func (f *Runtime) Thaw(ctx context.Context, id string) error { f.Record("thaw " + id); return nil }
 
 // Restore needs the image Checkpoint wrote (or fails with RestoreErr).
 func (f *Runtime) Restore(ctx context.Context, sb runsc.Sandbox, imageDir string) error {
