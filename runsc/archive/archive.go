@@ -31,7 +31,6 @@
 package archive
 
 import (
-	"archive/tar"
 	"context"
 	"errors"
 	"fmt"
@@ -154,7 +153,3 @@ func xattrAllowed(key string, overlay bool) bool {
 	}
 	return false
 }
-
-// tarFormat: PAX for everything (nanosecond times, long and non-UTF-8
-// names, large ids, attributes).
-const tarFormat = tar.FormatPAX
