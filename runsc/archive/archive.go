@@ -48,6 +48,10 @@ type Stats struct {
 	Bytes int64
 	// Skipped counts sockets and devices Pack left out.
 	Skipped int64
+	// Usage (Pack only) is the disk space (allocated blocks) of each
+	// top-level entry and everything below it, as du counts it but hard
+	// links each time: what a second walk of the tree would add up.
+	Usage map[string]int64
 }
 
 // Options say what Unpack accepts beyond plain files, directories and

@@ -159,6 +159,19 @@ func TestRoundTrip(t *testing.T) {
 	if pst.Files != ust.Files || pst.HardLinks != 1 || ust.Whiteouts != 1 || pst.Symlinks != 3 || pst.Fifos != 1 {
 		t.Fatalf("stats: pack %+v unpack %+v", pst, ust)
 	}
+	for _, top := range []string{"upper", "workspace", "tmp"} {
+		var du int64
+		filepath.Walk(filepath.Join(src, top), func(p string, _ os.FileInfo, err error) error {
+			var st unix.Stat_t
+			if err == nil && unix.Lstat(p, &st) == nil {
+				du += st.Blocks * 512
+			}
+			return err
+		})
+		if pst.Usage[top] != du || du == 0 {
+			t.Errorf("usage of %s: %d, a walk says %d", top, pst.Usage[top], du)
+		}
+	}
 	want, got := describe(t, src), describe(t, dst)
 	delete(want, "excluded")
 	for k, v := range want {

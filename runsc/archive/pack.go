@@ -19,6 +19,7 @@ type packer struct {
 	buf   []byte
 	xbuf  []byte
 	st    Stats
+	top   string // the top-level entry being packed
 }
 
 // PackTar is Pack without compression.
@@ -27,7 +28,7 @@ func PackTar(ctx context.Context, dir string, top []string, w io.Writer) (Stats,
 	if err != nil {
 		return Stats{}, fmt.Errorf("pack: open %s: %w", dir, err)
 	}
-	p := &packer{ctx: ctx, tw: newTarWriter(w), links: map[[2]uint64]string{},
+	p := &packer{ctx: ctx, tw: newTarWriter(w), links: map[[2]uint64]string{}, st: Stats{Usage: map[string]int64{}},
 		buf: make([]byte, 1<<20), xbuf: make([]byte, 64<<10)}
 	err = p.dir(fd, "", top)
 	if err == nil {
@@ -66,6 +67,8 @@ func (p *packer) dir(fd int, rel string, only []string) error {
 		path := name
 		if rel != "" {
 			path = rel + "/" + name
+		} else {
+			p.top = name
 		}
 		if err := p.entry(fd, name, path); err != nil {
 			return err
@@ -79,6 +82,7 @@ func (p *packer) entry(dfd int, name, path string) error {
 	if err := unix.Fstatat(dfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		return fmt.Errorf("pack: stat %q: %w", path, err)
 	}
+	p.st.Usage[p.top] += st.Blocks * 512
 	hdr := &tarEntry{
 		name: path, mode: int64(st.Mode & 0o7777), uid: int64(st.Uid), gid: int64(st.Gid),
 		mtimeSec: st.Mtim.Sec, mtimeNsec: st.Mtim.Nsec,
