@@ -4,6 +4,8 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -110,4 +112,78 @@ func TestGNUTarReadsPack(t *testing.T) {
 			t.Errorf("%q: tar made %q, want %q", k, got[k], v)
 		}
 	}
+}
+
+// FuzzTarReader: Unpack's tar reader reads what archive/tar reads, the
+// same way, and fails where it fails (up to sparse files and global
+// headers, which Unpack refuses either way).
+func FuzzTarReader(f *testing.F) {
+	f.Add(hostile(dirH("a"), fileH("a/b"), &tar.Header{Name: "a/l", Typeflag: tar.TypeSymlink, Linkname: ".."}))
+	f.Add(hostile(fileH(strings.Repeat("long/", 40)+"x"), &tar.Header{Name: "h", Typeflag: tar.TypeLink, Linkname: "x", Uid: 1 << 30}))
+	f.Add(hostile(&tar.Header{Name: "w", Typeflag: tar.TypeChar, PAXRecords: map[string]string{"SCHILY.xattr.user.x": "y"},
+		ModTime: time.Unix(-5, 7)}))
+	for _, format := range []tar.Format{tar.FormatGNU, tar.FormatUSTAR} {
+		var b bytes.Buffer
+		tw := tar.NewWriter(&b)
+		tw.WriteHeader(&tar.Header{Name: strings.Repeat("g", 120), Typeflag: tar.TypeReg, Size: 3, Format: format, Mode: 0o644})
+		tw.Write([]byte("abc"))
+		tw.Close()
+		f.Add(b.Bytes())
+	}
+	var packed bytes.Buffer
+	must(f, newTarWriterFor(&packed))
+	f.Add(packed.Bytes())
+	f.Fuzz(func(t *testing.T, data []byte) {
+		theirs, ours := tar.NewReader(bytes.NewReader(data)), newTarReader(bytes.NewReader(data))
+		for i := 0; ; i++ {
+			th, terr := theirs.Next()
+			oh, oerr := ours.Next()
+			if terr == nil && (th.Typeflag == tar.TypeXGlobalHeader || th.Typeflag == tar.TypeGNUSparse) {
+				return
+			}
+			if errors.Is(oerr, errSparse) {
+				return
+			}
+			if (terr == nil) != (oerr == nil) {
+				t.Fatalf("entry %d: archive/tar %v, ours %v", i, terr, oerr)
+			}
+			if terr != nil {
+				return
+			}
+			for k := range th.PAXRecords {
+				if strings.HasPrefix(k, "GNU.sparse.") {
+					return
+				}
+			}
+			got := fmt.Sprint(oh.Name, "|", oh.Linkname, "|", oh.Typeflag, "|", oh.Size, "|", oh.Mode, "|", oh.Uid, "|", oh.Gid, "|",
+				oh.ModTime.UnixNano(), "|", oh.Devmajor, "|", oh.Devminor, "|", oh.PAXRecords)
+			want := fmt.Sprint(th.Name, "|", th.Linkname, "|", th.Typeflag, "|", th.Size, "|", th.Mode, "|", th.Uid, "|", th.Gid, "|",
+				th.ModTime.UnixNano(), "|", th.Devmajor, "|", th.Devminor, "|", th.PAXRecords)
+			if got != want {
+				t.Fatalf("entry %d:\n ours %s\n want %s", i, got, want)
+			}
+			tb, terr := io.ReadAll(theirs)
+			ob, oerr := io.ReadAll(ours)
+			if !bytes.Equal(tb, ob) || (terr == nil) != (oerr == nil) {
+				t.Fatalf("entry %d data: ours %q %v, archive/tar %q %v", i, ob, oerr, tb, terr)
+			}
+			if terr != nil {
+				return
+			}
+		}
+	})
+}
+
+// newTarWriterFor writes a few entries with Pack's writer.
+func newTarWriterFor(w io.Writer) error {
+	tw := newTarWriter(w)
+	for _, e := range []tarEntry{
+		{name: "a", typeflag: tar.TypeReg, mode: 0o644, size: 2, mtimeSec: 1, mtimeNsec: 2},
+		{name: strings.Repeat("é", 80), typeflag: tar.TypeDir, mode: 0o755, mtimeSec: 1, xattrs: []xattr{{"user.a", "b"}}},
+	} {
+		tw.header(&e)
+		tw.data(make([]byte, e.size))
+		tw.pad(e.size)
+	}
+	return tw.close()
 }

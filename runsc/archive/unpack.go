@@ -39,7 +39,7 @@ func UnpackTar(ctx context.Context, r io.Reader, dir string, o Options) (Stats, 
 	u := &unpacker{ctx: ctx, root: root, o: o, seen: map[string]bool{}, files: map[string]bool{},
 		lastFd: -1, buf: make([]byte, 256<<10)}
 	defer u.dropParent()
-	tr := tar.NewReader(r)
+	tr := newTarReader(r)
 	for {
 		if err := ctx.Err(); err != nil {
 			return u.st, err
