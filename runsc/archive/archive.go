@@ -80,7 +80,7 @@ func Pack(ctx context.Context, dir string, top []string, w io.Writer) (Stats, er
 	if err != nil {
 		return Stats{}, err
 	}
-	st, err := PackTar(ctx, dir, top, enc)
+	st, err := packTar(ctx, dir, top, enc, false)
 	if err != nil {
 		enc.Close()
 		return st, err

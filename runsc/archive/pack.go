@@ -24,11 +24,15 @@ type packer struct {
 
 // PackTar is Pack without compression.
 func PackTar(ctx context.Context, dir string, top []string, w io.Writer) (Stats, error) {
+	return packTar(ctx, dir, top, w, true)
+}
+
+func packTar(ctx context.Context, dir string, top []string, w io.Writer, buffered bool) (Stats, error) {
 	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return Stats{}, fmt.Errorf("pack: open %s: %w", dir, err)
 	}
-	p := &packer{ctx: ctx, tw: newTarWriter(w), links: map[[2]uint64]string{}, st: Stats{Usage: map[string]int64{}},
+	p := &packer{ctx: ctx, tw: newTarWriter(w, buffered), links: map[[2]uint64]string{}, st: Stats{Usage: map[string]int64{}},
 		buf: make([]byte, 1<<20), xbuf: make([]byte, 64<<10)}
 	err = p.dir(fd, "", top)
 	if err == nil {

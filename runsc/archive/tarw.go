@@ -15,7 +15,8 @@ import (
 // file, a quarter of packing a small file). GNU tar, bsdtar and
 // archive/tar read it; TestTarWriterMatchesArchiveTar checks the last.
 type tarWriter struct {
-	w   *bufio.Writer
+	w   io.Writer
+	buf *bufio.Writer // nil: w buffers itself
 	blk [blockSize]byte
 	pax []byte // the records of the entry being written
 	err error
@@ -37,8 +38,15 @@ type tarEntry struct {
 
 type xattr struct{ key, value string }
 
-func newTarWriter(w io.Writer) *tarWriter {
-	return &tarWriter{w: bufio.NewWriterSize(w, 256<<10)}
+// newTarWriter writes to w, through a buffer unless w has its own (a zstd
+// encoder copies into its blocks anyway: another copy would cost more than
+// the small writes it saves).
+func newTarWriter(w io.Writer, buffered bool) *tarWriter {
+	if !buffered {
+		return &tarWriter{w: w}
+	}
+	b := bufio.NewWriterSize(w, 256<<10)
+	return &tarWriter{w: b, buf: b}
 }
 
 const (
@@ -212,8 +220,8 @@ func (t *tarWriter) pad(size int64) {
 func (t *tarWriter) close() error {
 	t.write(zeroBlock[:])
 	t.write(zeroBlock[:])
-	if t.err == nil {
-		t.err = t.w.Flush()
+	if t.err == nil && t.buf != nil {
+		t.err = t.buf.Flush()
 	}
 	return t.err
 }

@@ -39,7 +39,7 @@ func TestTarWriterMatchesArchiveTar(t *testing.T) {
 		{name: "rec9", typeflag: tar.TypeReg, mode: 0o644, mtimeSec: 5, xattrs: []xattr{{"user.k", strings.Repeat("v", 86)}}},
 	}
 	var buf bytes.Buffer
-	tw := newTarWriter(&buf)
+	tw := newTarWriter(&buf, true)
 	for i := range entries {
 		e := &entries[i]
 		must(t, tw.header(e))
@@ -176,7 +176,7 @@ func FuzzTarReader(f *testing.F) {
 
 // newTarWriterFor writes a few entries with Pack's writer.
 func newTarWriterFor(w io.Writer) error {
-	tw := newTarWriter(w)
+	tw := newTarWriter(w, true)
 	for _, e := range []tarEntry{
 		{name: "a", typeflag: tar.TypeReg, mode: 0o644, size: 2, mtimeSec: 1, mtimeNsec: 2},
 		{name: strings.Repeat("é", 80), typeflag: tar.TypeDir, mode: 0o755, mtimeSec: 1, xattrs: []xattr{{"user.a", "b"}}},
