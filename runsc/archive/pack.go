@@ -93,7 +93,7 @@ func (p *packer) entry(dfd int, name, path string) error {
 	}
 	switch st.Mode & unix.S_IFMT {
 	case unix.S_IFDIR:
-		cfd, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		cfd, err := openNoatime(dfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC)
 		if err != nil {
 			return fmt.Errorf("pack: open %q: %w", path, err)
 		}
@@ -147,6 +147,18 @@ func (p *packer) entry(dfd int, name, path string) error {
 	}
 }
 
+// openNoatime opens with O_NOATIME where allowed (the owner, or
+// CAP_FOWNER): reading a tree for a save would otherwise dirty the inode of
+// every file not read since it changed, each written back when the disk is
+// unmounted.
+func openNoatime(dfd int, name string, flags int) (int, error) {
+	fd, err := unix.Openat(dfd, name, flags|unix.O_NOATIME, 0)
+	if err == unix.EPERM {
+		fd, err = unix.Openat(dfd, name, flags, 0)
+	}
+	return fd, err
+}
+
 // procPath names an entry of an open directory for the l*xattr calls,
 // which have no *at form: the magic link is our own descriptor and the
 // last component is not followed.
@@ -178,7 +190,7 @@ func (p *packer) file(dfd int, name, path string, hdr *tarEntry, st *unix.Stat_t
 	// O_NOFOLLOW: a symlink swapped in is not followed; O_NONBLOCK: a FIFO
 	// swapped in does not block (its read fails); the read must then yield
 	// exactly the listed size.
-	fd, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	fd, err := openNoatime(dfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC)
 	if err != nil {
 		return fmt.Errorf("pack: open %q: %w", path, err)
 	}
