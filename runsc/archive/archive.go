@@ -31,7 +31,6 @@
 package archive
 
 import (
-	"archive/tar"
 	"context"
 	"errors"
 	"fmt"
@@ -49,6 +48,10 @@ type Stats struct {
 	Bytes int64
 	// Skipped counts sockets and devices Pack left out.
 	Skipped int64
+	// Usage (Pack only) is the disk space (allocated blocks) of each
+	// top-level entry and everything below it, as du counts it but hard
+	// links each time: what a second walk of the tree would add up.
+	Usage map[string]int64
 }
 
 // Options say what Unpack accepts beyond plain files, directories and
@@ -77,7 +80,7 @@ func Pack(ctx context.Context, dir string, top []string, w io.Writer) (Stats, er
 	if err != nil {
 		return Stats{}, err
 	}
-	st, err := PackTar(ctx, dir, top, enc)
+	st, err := packTar(ctx, dir, top, enc, false)
 	if err != nil {
 		enc.Close()
 		return st, err
@@ -154,7 +157,3 @@ func xattrAllowed(key string, overlay bool) bool {
 	}
 	return false
 }
-
-// tarFormat: PAX for everything (nanosecond times, long and non-UTF-8
-// names, large ids, attributes).
-const tarFormat = tar.FormatPAX

@@ -152,12 +152,32 @@ func TestRoundTrip(t *testing.T) {
 	must(t, os.WriteFile(filepath.Join(src, "excluded"), []byte("x"), 0o644))
 	var buf bytes.Buffer
 	ctx := context.Background()
+	old := time.Date(2001, 1, 1, 0, 0, 0, 0, time.UTC)
+	must(t, os.Chtimes(filepath.Join(src, "workspace/plain.txt"), old, time.Time{}))
 	pst, err := Pack(ctx, src, []string{"upper", "workspace", "tmp"}, &buf)
 	must(t, err)
+	var ast unix.Stat_t
+	must(t, unix.Stat(filepath.Join(src, "workspace/plain.txt"), &ast))
+	if ast.Atim.Sec != old.Unix() {
+		t.Errorf("Pack changed an atime: %v", time.Unix(ast.Atim.Sec, 0))
+	}
 	ust, err := Unpack(ctx, &buf, dst, overlay)
 	must(t, err)
 	if pst.Files != ust.Files || pst.HardLinks != 1 || ust.Whiteouts != 1 || pst.Symlinks != 3 || pst.Fifos != 1 {
 		t.Fatalf("stats: pack %+v unpack %+v", pst, ust)
+	}
+	for _, top := range []string{"upper", "workspace", "tmp"} {
+		var du int64
+		filepath.Walk(filepath.Join(src, top), func(p string, _ os.FileInfo, err error) error {
+			var st unix.Stat_t
+			if err == nil && unix.Lstat(p, &st) == nil {
+				du += st.Blocks * 512
+			}
+			return err
+		})
+		if pst.Usage[top] != du || du == 0 {
+			t.Errorf("usage of %s: %d, a walk says %d", top, pst.Usage[top], du)
+		}
 	}
 	want, got := describe(t, src), describe(t, dst)
 	delete(want, "excluded")

@@ -8,31 +8,35 @@ import (
 	"os"
 	"sort"
 	"strconv"
-	"time"
 
 	"golang.org/x/sys/unix"
 )
 
 type packer struct {
 	ctx   context.Context
-	tw    *tar.Writer
+	tw    *tarWriter
 	links map[[2]uint64]string // (dev, inode) of a multiply linked file -> its first name
 	buf   []byte
 	xbuf  []byte
 	st    Stats
+	top   string // the top-level entry being packed
 }
 
 // PackTar is Pack without compression.
 func PackTar(ctx context.Context, dir string, top []string, w io.Writer) (Stats, error) {
+	return packTar(ctx, dir, top, w, true)
+}
+
+func packTar(ctx context.Context, dir string, top []string, w io.Writer, buffered bool) (Stats, error) {
 	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return Stats{}, fmt.Errorf("pack: open %s: %w", dir, err)
 	}
-	p := &packer{ctx: ctx, tw: tar.NewWriter(w), links: map[[2]uint64]string{},
+	p := &packer{ctx: ctx, tw: newTarWriter(w, buffered), links: map[[2]uint64]string{}, st: Stats{Usage: map[string]int64{}},
 		buf: make([]byte, 1<<20), xbuf: make([]byte, 64<<10)}
 	err = p.dir(fd, "", top)
 	if err == nil {
-		err = p.tw.Close()
+		err = p.tw.close()
 	}
 	return p.st, err
 }
@@ -67,6 +71,8 @@ func (p *packer) dir(fd int, rel string, only []string) error {
 		path := name
 		if rel != "" {
 			path = rel + "/" + name
+		} else {
+			p.top = name
 		}
 		if err := p.entry(fd, name, path); err != nil {
 			return err
@@ -80,13 +86,14 @@ func (p *packer) entry(dfd int, name, path string) error {
 	if err := unix.Fstatat(dfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		return fmt.Errorf("pack: stat %q: %w", path, err)
 	}
-	hdr := &tar.Header{
-		Name: path, Mode: int64(st.Mode & 0o7777), Uid: int(st.Uid), Gid: int(st.Gid),
-		ModTime: time.Unix(st.Mtim.Sec, st.Mtim.Nsec), Format: tarFormat,
+	p.st.Usage[p.top] += st.Blocks * 512
+	hdr := &tarEntry{
+		name: path, mode: int64(st.Mode & 0o7777), uid: int64(st.Uid), gid: int64(st.Gid),
+		mtimeSec: st.Mtim.Sec, mtimeNsec: st.Mtim.Nsec,
 	}
 	switch st.Mode & unix.S_IFMT {
 	case unix.S_IFDIR:
-		cfd, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		cfd, err := openNoatime(dfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC)
 		if err != nil {
 			return fmt.Errorf("pack: open %q: %w", path, err)
 		}
@@ -94,12 +101,12 @@ func (p *packer) entry(dfd int, name, path string) error {
 			unix.Close(cfd)
 			return err
 		}
-		hdr.Typeflag = tar.TypeDir
+		hdr.typeflag = tar.TypeDir
 		if err := p.xattrs(hdr, cfd, ""); err != nil {
 			unix.Close(cfd)
 			return err
 		}
-		if err := p.tw.WriteHeader(hdr); err != nil {
+		if err := p.tw.header(hdr); err != nil {
 			unix.Close(cfd)
 			return err
 		}
@@ -113,31 +120,43 @@ func (p *packer) entry(dfd int, name, path string) error {
 		if err != nil || int64(n) != st.Size {
 			return fmt.Errorf("pack: readlink %q: changed or %v", path, err)
 		}
-		hdr.Typeflag, hdr.Linkname = tar.TypeSymlink, string(target[:n])
+		hdr.typeflag, hdr.linkname = tar.TypeSymlink, string(target[:n])
 		if err := p.xattrs(hdr, -1, procPath(dfd, name)); err != nil {
 			return err
 		}
 		p.st.Symlinks++
-		return p.tw.WriteHeader(hdr)
+		return p.tw.header(hdr)
 	case unix.S_IFCHR:
 		if st.Rdev != 0 {
 			p.st.Skipped++
 			return nil
 		}
-		hdr.Typeflag = tar.TypeChar
+		hdr.typeflag = tar.TypeChar
 		if err := p.xattrs(hdr, -1, procPath(dfd, name)); err != nil {
 			return err
 		}
 		p.st.Whiteouts++
-		return p.tw.WriteHeader(hdr)
+		return p.tw.header(hdr)
 	case unix.S_IFIFO:
-		hdr.Typeflag = tar.TypeFifo
+		hdr.typeflag = tar.TypeFifo
 		p.st.Fifos++
-		return p.tw.WriteHeader(hdr)
+		return p.tw.header(hdr)
 	default: // sockets, block devices
 		p.st.Skipped++
 		return nil
 	}
+}
+
+// openNoatime opens with O_NOATIME where allowed (the owner, or
+// CAP_FOWNER): reading a tree for a save would otherwise dirty the inode of
+// every file not read since it changed, each written back when the disk is
+// unmounted.
+func openNoatime(dfd int, name string, flags int) (int, error) {
+	fd, err := unix.Openat(dfd, name, flags|unix.O_NOATIME, 0)
+	if err == unix.EPERM {
+		fd, err = unix.Openat(dfd, name, flags, 0)
+	}
+	return fd, err
 }
 
 // procPath names an entry of an open directory for the l*xattr calls,
@@ -158,29 +177,29 @@ func (p *packer) checkSame(fd int, want *unix.Stat_t, path string) error {
 	return nil
 }
 
-func (p *packer) file(dfd int, name, path string, hdr *tar.Header, st *unix.Stat_t) error {
+func (p *packer) file(dfd int, name, path string, hdr *tarEntry, st *unix.Stat_t) error {
 	if st.Nlink > 1 {
 		key := [2]uint64{st.Dev, st.Ino}
 		if first, ok := p.links[key]; ok {
-			hdr.Typeflag, hdr.Linkname, hdr.Mode = tar.TypeLink, first, 0
+			hdr.typeflag, hdr.linkname, hdr.mode = tar.TypeLink, first, 0
 			p.st.HardLinks++
-			return p.tw.WriteHeader(hdr)
+			return p.tw.header(hdr)
 		}
 		p.links[key] = path
 	}
 	// O_NOFOLLOW: a symlink swapped in is not followed; O_NONBLOCK: a FIFO
 	// swapped in does not block (its read fails); the read must then yield
 	// exactly the listed size.
-	fd, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	fd, err := openNoatime(dfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC)
 	if err != nil {
 		return fmt.Errorf("pack: open %q: %w", path, err)
 	}
 	defer unix.Close(fd)
-	hdr.Typeflag, hdr.Size = tar.TypeReg, st.Size
+	hdr.typeflag, hdr.size = tar.TypeReg, st.Size
 	if err := p.xattrs(hdr, fd, ""); err != nil {
 		return err
 	}
-	if err := p.tw.WriteHeader(hdr); err != nil {
+	if err := p.tw.header(hdr); err != nil {
 		return err
 	}
 	var n int64
@@ -195,11 +214,12 @@ func (p *packer) file(dfd int, name, path string, hdr *tar.Header, st *unix.Stat
 		if m == 0 {
 			return fmt.Errorf("pack: %q changed while packing", path)
 		}
-		if _, err := p.tw.Write(p.buf[:m]); err != nil {
+		if err := p.tw.data(p.buf[:m]); err != nil {
 			return err
 		}
 		n += int64(m)
 	}
+	p.tw.pad(n)
 	p.st.Files++
 	p.st.Bytes += n
 	return nil
@@ -207,7 +227,7 @@ func (p *packer) file(dfd int, name, path string, hdr *tar.Header, st *unix.Stat
 
 // xattrs adds the extended attributes of fd (or, with fd < 0, of the
 // unfollowed path) to hdr.
-func (p *packer) xattrs(hdr *tar.Header, fd int, path string) error {
+func (p *packer) xattrs(hdr *tarEntry, fd int, path string) error {
 	list := func(b []byte) (int, error) {
 		if fd >= 0 {
 			return unix.Flistxattr(fd, b)
@@ -231,7 +251,7 @@ func (p *packer) xattrs(hdr *tar.Header, fd int, path string) error {
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("pack: list attributes of %q: %w", hdr.Name, err)
+		return fmt.Errorf("pack: list attributes of %q: %w", hdr.name, err)
 	}
 	keys := p.xbuf[:n]
 	var names []string
@@ -261,12 +281,10 @@ func (p *packer) xattrs(hdr *tar.Header, fd int, path string) error {
 			continue
 		}
 		if err != nil {
-			return fmt.Errorf("pack: attribute %s of %q: %w", k, hdr.Name, err)
+			return fmt.Errorf("pack: attribute %s of %q: %w", k, hdr.name, err)
 		}
-		if hdr.PAXRecords == nil {
-			hdr.PAXRecords = map[string]string{}
-		}
-		hdr.PAXRecords[xattrPrefix+k] = string(v[:m])
+		hdr.xattrs = append(hdr.xattrs, xattr{k, string(v[:m])})
 	}
+	sortXattrs(hdr.xattrs)
 	return nil
 }

@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"sync"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -25,6 +27,100 @@ type unpacker struct {
 	lastFd     int
 	buf        []byte
 	st         Stats
+	w          *writers
+}
+
+// writers write small regular files for Unpack, so the file system's work
+// for one file overlaps reading and checking the next entries. Each job is
+// a file whose name was checked and whose parent exists; the worker creates
+// it from the root with openat2 under the same resolve restrictions as
+// everything else, so it follows no symlink and leaves no mount whatever
+// happens meanwhile. The first error stops the rest.
+type writers struct {
+	u       *unpacker
+	jobs    chan fileJob
+	done    sync.WaitGroup // workers
+	pending sync.WaitGroup // jobs not finished
+	mu      sync.Mutex
+	err     error
+	bufs    sync.Pool
+}
+
+type fileJob struct {
+	name string
+	hdr  *tar.Header
+	data *[]byte // the whole body
+}
+
+// smallFile: bodies up to this size are written by the writers (at most
+// writerQueue+writerCount of them held at once).
+const (
+	smallFile   = 256 << 10
+	writerQueue = 64
+	writerCount = 4
+)
+
+func newWriters(u *unpacker) *writers {
+	w := &writers{u: u, jobs: make(chan fileJob, writerQueue)}
+	w.bufs.New = func() any { b := make([]byte, 0, 16<<10); return &b }
+	for range writerCount {
+		w.done.Add(1)
+		go func() {
+			defer w.done.Done()
+			for j := range w.jobs {
+				if w.failed() == nil {
+					if err := u.smallFile(j); err != nil {
+						w.fail(err)
+					}
+				}
+				w.bufs.Put(j.data)
+				w.pending.Done()
+			}
+		}()
+	}
+	return w
+}
+
+func (w *writers) fail(err error) {
+	w.mu.Lock()
+	if w.err == nil {
+		w.err = err
+	}
+	w.mu.Unlock()
+}
+
+func (w *writers) failed() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.err
+}
+
+// wait returns once every job given so far is done, with the first error.
+func (w *writers) wait() error {
+	w.pending.Wait()
+	return w.failed()
+}
+
+// stop ends the workers (after the jobs given so far).
+func (w *writers) stop() {
+	close(w.jobs)
+	w.done.Wait()
+}
+
+// add reads a small file's body and gives it to a worker.
+func (w *writers) add(name string, hdr *tar.Header, body io.Reader) error {
+	bp := w.bufs.Get().(*[]byte)
+	if int64(cap(*bp)) < hdr.Size {
+		*bp = make([]byte, hdr.Size)
+	}
+	*bp = (*bp)[:hdr.Size]
+	if _, err := io.ReadFull(body, *bp); err != nil {
+		w.bufs.Put(bp)
+		return fmt.Errorf("unpack: read %q: %w", name, err)
+	}
+	w.pending.Add(1)
+	w.jobs <- fileJob{name: name, hdr: hdr, data: bp}
+	return nil
 }
 
 const resolveBeneath = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV
@@ -39,7 +135,9 @@ func UnpackTar(ctx context.Context, r io.Reader, dir string, o Options) (Stats, 
 	u := &unpacker{ctx: ctx, root: root, o: o, seen: map[string]bool{}, files: map[string]bool{},
 		lastFd: -1, buf: make([]byte, 256<<10)}
 	defer u.dropParent()
-	tr := tar.NewReader(r)
+	u.w = newWriters(u)
+	defer u.w.stop()
+	tr := newTarReader(r)
 	for {
 		if err := ctx.Err(); err != nil {
 			return u.st, err
@@ -51,9 +149,15 @@ func UnpackTar(ctx context.Context, r io.Reader, dir string, o Options) (Stats, 
 		if err != nil {
 			return u.st, fmt.Errorf("unpack: %w", err)
 		}
+		if err := u.w.failed(); err != nil {
+			return u.st, err
+		}
 		if err := u.entry(hdr, tr); err != nil {
 			return u.st, err
 		}
+	}
+	if err := u.w.wait(); err != nil {
+		return u.st, err
 	}
 	// Directories last (their mode may forbid writing, their mtime moves
 	// with every child), children before parents.
@@ -126,7 +230,11 @@ func (u *unpacker) entry(hdr *tar.Header, body io.Reader) error {
 		u.dirs = append(u.dirs, hdr)
 		u.st.Dirs++
 	case tar.TypeReg:
-		if err := u.file(pfd, base, name, hdr, body); err != nil {
+		if hdr.Size <= smallFile {
+			if err := u.w.add(name, hdr, body); err != nil {
+				return err
+			}
+		} else if err := u.file(pfd, base, name, hdr, body); err != nil {
 			return err
 		}
 		u.files[name] = true
@@ -150,6 +258,9 @@ func (u *unpacker) entry(hdr *tar.Header, body io.Reader) error {
 		}
 		if !u.files[target] {
 			return unsafeEntry(name, "hard link to %q, which is not a regular file of this archive", target)
+		}
+		if err := u.w.wait(); err != nil { // the target is made
+			return err
 		}
 		tParent, tBase := splitName(target)
 		tfd, err := unix.Openat2(u.root, orDot(tParent), &unix.OpenHow{
@@ -231,6 +342,29 @@ func (u *unpacker) file(pfd int, base, name string, hdr *tar.Header, body io.Rea
 	return u.meta(pfd, base, name, hdr, fd)
 }
 
+// smallFile writes a file a worker was given: created from the root
+// beneath it (no symlink followed, no mount left), its body written unless
+// all zeros (then a hole), its metadata set through its descriptor.
+func (u *unpacker) smallFile(j fileJob) error {
+	fd, err := unix.Openat2(u.root, j.name, &unix.OpenHow{
+		Flags: unix.O_CREAT | unix.O_EXCL | unix.O_WRONLY | unix.O_NOFOLLOW | unix.O_CLOEXEC, Mode: 0o600, Resolve: resolveBeneath})
+	if err != nil {
+		return unsafeEntry(j.name, "create: %v", err)
+	}
+	defer unix.Close(fd)
+	data := *j.data
+	if allZero(data) {
+		if len(data) > 0 {
+			if err := unix.Ftruncate(fd, int64(len(data))); err != nil {
+				return fmt.Errorf("unpack: size %q: %w", j.name, err)
+			}
+		}
+	} else if err := pwriteFull(fd, data, 0); err != nil {
+		return fmt.Errorf("unpack: write %q: %w", j.name, err)
+	}
+	return u.meta(-1, "", j.name, j.hdr, fd)
+}
+
 func pwriteFull(fd int, b []byte, off int64) error {
 	for len(b) > 0 {
 		n, err := unix.Pwrite(fd, b, off)
@@ -304,8 +438,24 @@ func (u *unpacker) meta(pfd int, base, name string, hdr *tar.Header, fd int) err
 	if hdr.ModTime.IsZero() {
 		t = unix.NsecToTimespec(time.Now().UnixNano())
 	}
-	if err := unix.UtimesNanoAt(pfd, base, []unix.Timespec{t, t}, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+	var err error
+	if fd >= 0 {
+		err = futimens(fd, &[2]unix.Timespec{t, t})
+	} else {
+		err = unix.UtimesNanoAt(pfd, base, []unix.Timespec{t, t}, unix.AT_SYMLINK_NOFOLLOW)
+	}
+	if err != nil {
 		return fmt.Errorf("unpack: times of %q: %w", name, err)
+	}
+	return nil
+}
+
+// futimens sets an open file's times: utimensat with a NULL path acts on
+// the descriptor itself.
+func futimens(fd int, ts *[2]unix.Timespec) error {
+	_, _, e := unix.Syscall6(unix.SYS_UTIMENSAT, uintptr(fd), 0, uintptr(unsafe.Pointer(ts)), 0, 0, 0)
+	if e != 0 {
+		return e
 	}
 	return nil
 }

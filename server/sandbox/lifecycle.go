@@ -504,8 +504,10 @@ func (m *Manager) stopSessionLocked(ctx context.Context, ses *store.Session, sav
 	// everything.
 	res.Git = m.pushLocked(ctx, ses, prev == store.StatusRunning)
 	save = save && m.saving()
+	saved := false
 	if save {
-		if err := m.saveLocked(ctx, ses, prev == store.StatusRunning); err != nil {
+		st, err := m.saveLocked(ctx, ses, prev == store.StatusRunning)
+		if err != nil {
 			m.undoStoppingLocked(ctx, ses, prev)
 			if _, ok := errdefs.Public(err); ok {
 				m.log.Warn("save refused", "session", ses.SessionID, "err", err)
@@ -515,15 +517,19 @@ func (m *Manager) stopSessionLocked(ctx context.Context, ses *store.Session, sav
 			return res, errdefs.Unavailable("the session could not be saved; it keeps its data, retry the teardown")
 		}
 		res.SavedBytes = ses.Saved.Bytes
+		// The pack walked the (frozen) workspace already.
+		res.WorkspaceBytes, saved = st.Usage["workspace"]
 	}
 	if prev == store.StatusRunning {
 		m.release(ses.OrgID, ses.MemoryMiB) // a stopping session holds no capacity
 	}
 	m.stopLocked(ses)
-	if dir, release, err := m.rt.OpenWorkspace(ses.ContainerID, false); err == nil {
-		res.WorkspaceBytes = workspace.DiskUsage(dir)
-		if err := release(); err != nil {
-			m.log.Warn("release workspace", "session", ses.SessionID, "err", err)
+	if !saved {
+		if dir, release, err := m.rt.OpenWorkspace(ses.ContainerID, false); err == nil {
+			res.WorkspaceBytes = workspace.DiskUsage(dir)
+			if err := release(); err != nil {
+				m.log.Warn("release workspace", "session", ses.SessionID, "err", err)
+			}
 		}
 	}
 	dctx, cancel := detached(ctx)

@@ -147,14 +147,19 @@ func (m *Manager) syncSandbox(ctx context.Context, ses *store.Session) {
 // runs: it is synced and frozen first and left frozen (the caller thaws it
 // if the save fails, or destroys it). Older generations stay until
 // dropOldSavesLocked. A quota that would be passed is errdefs.ErrNoSpace.
-func (m *Manager) saveLocked(ctx context.Context, ses *store.Session, live bool) error {
+// The stats are the pack's (Usage: the disk space of each saved part).
+func (m *Manager) saveLocked(ctx context.Context, ses *store.Session, live bool) (archive.Stats, error) {
 	ctx, cancel := saveContext(ctx)
 	defer cancel()
+	var syncMs, freezeMs int64
 	if live {
+		t0 := time.Now()
 		m.syncSandbox(ctx, ses)
+		t1 := time.Now()
 		if err := m.disks.Freeze(ctx, ses.ContainerID); err != nil {
-			return fmt.Errorf("freeze: %w", err)
+			return archive.Stats{}, fmt.Errorf("freeze: %w", err)
 		}
+		syncMs, freezeMs = t1.Sub(t0).Milliseconds(), time.Since(t1).Milliseconds()
 		m.hang("save-frozen")
 	}
 	mu := m.orgSaveLock(ses.OrgID)
@@ -165,7 +170,7 @@ func (m *Manager) saveLocked(ctx context.Context, ses *store.Session, live bool)
 	if m.quota > 0 {
 		list, err := m.storage.List(ctx, ses.OrgID, "")
 		if err != nil {
-			return fmt.Errorf("list storage: %w", err)
+			return archive.Stats{}, fmt.Errorf("list storage: %w", err)
 		}
 		for _, o := range list {
 			if !strings.HasPrefix(o.Name, objectPrefix(ses.ID)) { // this session's are replaced
@@ -198,12 +203,12 @@ func (m *Manager) saveLocked(ctx context.Context, ses *store.Session, live bool)
 	st := <-packed
 	if errors.Is(err, errQuota) {
 		m.events.Event(ses.ID, "save_failed", map[string]any{"reason": "quota"})
-		return errdefs.NoSpace("saving this session would pass your organization's storage quota (%d MiB; %d MiB used by other sessions' saves); "+
+		return st, errdefs.NoSpace("saving this session would pass your organization's storage quota (%d MiB; %d MiB used by other sessions' saves); "+
 			"the session keeps its data: delete sessions you no longer need and retry the teardown", m.quota>>20, others>>20)
 	}
 	if err != nil {
 		m.events.Event(ses.ID, "save_failed", nil)
-		return fmt.Errorf("save: %w", err)
+		return st, fmt.Errorf("save: %w", err)
 	}
 	now := m.now()
 	sv := store.Saved{Object: name, Bytes: info.Size, SHA256: info.SHA256, At: &now, Generation: gen}
@@ -211,13 +216,13 @@ func (m *Manager) saveLocked(ctx context.Context, ses *store.Session, live bool)
 		if derr := m.storage.Delete(ctx, ses.OrgID, name); derr != nil {
 			m.log.Warn("drop unrecorded save", "session", ses.SessionID, "err", derr)
 		}
-		return err
+		return st, err
 	}
 	ses.Saved = sv
 	m.hang("save-recorded")
 	m.events.Event(ses.ID, "saved", map[string]any{"bytes": info.Size, "files": st.Files, "dataBytes": st.Bytes,
-		"generation": gen, "ms": time.Since(start).Milliseconds()})
-	return nil
+		"generation": gen, "ms": time.Since(start).Milliseconds(), "syncMs": syncMs, "freezeMs": freezeMs})
+	return st, nil
 }
 
 // dropOldSavesLocked deletes every object of the session but its recorded
@@ -311,7 +316,7 @@ func (m *Manager) finishInterruptedSaveLocked(ctx context.Context, ses *store.Se
 	// A disk with a marker is a clean copy of a save (the recorded one, or
 	// one older than a save made elsewhere): nothing newer to save.
 	if present, sum := m.disks.DiskCache(ses.ContainerID); present && sum == "" {
-		if err := m.saveLocked(ctx, ses, false); err != nil {
+		if _, err := m.saveLocked(ctx, ses, false); err != nil {
 			m.log.Error("reconcile: save", "session", ses.SessionID, "err", err)
 			return
 		}
