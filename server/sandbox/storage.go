@@ -179,7 +179,7 @@ func (m *Manager) saveLocked(ctx context.Context, ses *store.Session, live bool)
 		}
 		images, err := m.pausedImagesBytes(ctx, ses.OrgID, ses.ID) // the quota counts paused sessions' memory too
 		if err != nil {
-			return err
+			return archive.Stats{}, err
 		}
 		others += images
 		left = max(m.quota-others, 0)
