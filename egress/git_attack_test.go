@@ -388,7 +388,7 @@ func TestGitAttackPathTricks(t *testing.T) {
 		"/alice/app/info/refs?service=git-upload-pack": true,
 		"/ALICE/App.GIT/info/refs":                     true,
 		"/alice/app.git/git-upload-pack":               false, // GET: the credential goes with POST only
-		"/alice/app/info/refs#frag":                    true, // the fragment is not sent
+		"/alice/app/info/refs#frag":                    true,  // the fragment is not sent
 	}
 	unpaired := []string{
 		"/alice/app-private/info/refs",

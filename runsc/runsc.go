@@ -66,6 +66,9 @@ type Runtime struct {
 	procs  sync.Map  // container id -> *procSet: processes a checkpoint parks
 }
 
+// ErrDiskMissing: a resume found no disk for the sandbox on this node.
+var ErrDiskMissing = errors.New("the sandbox's disk is not on this node")
+
 // ErrNotFound is returned for a sandbox runsc does not know.
 var ErrNotFound = errors.New("sandbox not found")
 
@@ -85,6 +88,12 @@ func New(cfg Config) (*Runtime, error) {
 	}
 	if cfg.Prefix == "" || strings.ContainsAny(cfg.Prefix, "/ \t\n") {
 		return nil, fmt.Errorf("invalid resource prefix %q", cfg.Prefix)
+	}
+	// The agent's socket lives under the data dir; a unix socket path has
+	// 107 bytes at most, and a longer one would fail every command later.
+	if sock := filepath.Join(cfg.StateDir, "sandboxes", cfg.Prefix+"-0123456789abcdef", "run", "agent.sock"); len(sock) > 107 {
+		return nil, fmt.Errorf("data dir %q is too long: sandbox sockets under it would exceed the 107-byte limit of a unix socket path (use a data dir of at most %d bytes)",
+			cfg.StateDir, len(cfg.StateDir)-(len(sock)-107))
 	}
 	if cfg.Platform == "" {
 		cfg.Platform = "systrap"

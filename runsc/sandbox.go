@@ -97,6 +97,11 @@ func (r *Runtime) setup(ctx context.Context, sb Sandbox, start func(context.Cont
 			os.RemoveAll(d)
 		}
 	})
+	if sb.Existing {
+		if st, err := os.Lstat(filepath.Join(r.dir(sb.ID), "disk.img")); err != nil || !st.Mode().IsRegular() {
+			return ErrDiskMissing
+		}
+	}
 	// From here on the disk changes: it is no longer a copy of a save.
 	if err := r.unmarkSaved(sb.ID); err != nil {
 		return fmt.Errorf("disk marker: %w", err)

@@ -21,6 +21,10 @@ type Sandbox struct {
 	ID     string // from ContainerID
 	Image  string // absolute path of the read-only image root filesystem
 	Limits Limits
+	// Existing: the disk must already be there (a resume or restore);
+	// Create and Restore fail with ErrDiskMissing rather than make an
+	// empty one in place of the session's files.
+	Existing bool
 }
 
 // User is the unprivileged account commands run as.

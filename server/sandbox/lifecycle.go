@@ -310,6 +310,9 @@ func (m *Manager) Resume(ctx context.Context, orgID, sessionID string) (_ store.
 	m.hang("restore-done")
 	if err := m.startLocked(ctx, ses, sizeOf(ses), true, &undo); err != nil {
 		m.log.Error("resume failed", "session", ses.SessionID, "container", ses.ContainerID, "err", err)
+		if errors.Is(err, errDiskLost) {
+			return store.Session{}, err
+		}
 		return store.Session{}, errdefs.Unavailable("the sandbox could not be started; the session is stopped with its workspace kept, retry the resume")
 	}
 	return *ses, nil
@@ -397,7 +400,10 @@ func (m *Manager) startLocked(ctx context.Context, ses *store.Session, z config.
 	// runs to completion (or full undo) on its own context.
 	cctx, cancel := detached(ctx)
 	defer cancel()
-	if err := m.rt.Create(cctx, runsc.Sandbox{ID: ses.ContainerID, Image: m.image, Limits: Limits(z)}); err != nil {
+	if err := m.rt.Create(cctx, runsc.Sandbox{ID: ses.ContainerID, Image: m.image, Limits: Limits(z), Existing: resumed}); err != nil {
+		if errors.Is(err, runsc.ErrDiskMissing) {
+			return errDiskLost
+		}
 		return err // Create undid itself (keeping a teardown's disk)
 	}
 	undo.push(func() {
@@ -435,6 +441,11 @@ func (m *Manager) stopLocked(ses *store.Session) {
 	m.hooks.Stopped(ses.ID)
 	m.stopEgress(ses)
 }
+
+// errDiskLost: a resume found neither the session's disk on this node nor
+// a save to restore it from. Starting on an empty disk would hide the loss
+// (and the next teardown would save the emptiness over nothing).
+var errDiskLost = errdefs.Conflict("the session's disk is gone from this server and it has no save in storage; its files cannot be brought back (delete the session)")
 
 // Teardown is what a teardown did.
 type Teardown struct {

@@ -215,9 +215,22 @@ func (m *Manager) resumePausedLocked(ctx context.Context, ses *store.Session) (e
 	})
 	cctx, cancel := detached(ctx)
 	defer cancel()
-	sb := runsc.Sandbox{ID: ses.ContainerID, Image: m.image, Limits: Limits(sizeOf(ses))}
+	sb := runsc.Sandbox{ID: ses.ContainerID, Image: m.image, Limits: Limits(sizeOf(ses)), Existing: true}
 	rerr := errors.New("no complete checkpoint image")
-	if m.imageComplete(ses) {
+	lost := false
+	if m.saving() {
+		if present, _ := m.disks.DiskCache(ses.ContainerID); !present {
+			lost = true
+			// The memory image belongs to a disk the node lost: start cold
+			// on the last save instead (never on an empty disk).
+			rerr = errors.New("the node lost the sandbox's disk")
+			if err := m.prepareDiskLocked(cctx, ses); err != nil {
+				m.log.Error("restore the lost disk of a paused session", "session", ses.SessionID, "err", err)
+				return errdefs.Unavailable("the session's disk is gone from this server and its save could not be restored; retry the resume")
+			}
+		}
+	}
+	if !lost && m.imageComplete(ses) {
 		m.hang("resume-loaded")
 		rerr = m.rt.Restore(cctx, sb, m.imageDir(ses))
 	}
@@ -237,6 +250,9 @@ func (m *Manager) resumePausedLocked(ctx context.Context, ses *store.Session) (e
 			"message": "the checkpoint could not be restored; the sandbox started from its disk (files kept, processes lost)"})
 		if err := m.startLocked(ctx, ses, sizeOf(ses), true, &undo); err != nil {
 			m.log.Error("resume failed", "session", ses.SessionID, "err", err)
+			if errors.Is(err, errDiskLost) {
+				return err
+			}
 			return errdefs.Unavailable("the sandbox could not be started; the session is stopped with its workspace kept, retry the resume")
 		}
 		return nil
