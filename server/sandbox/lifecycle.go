@@ -860,23 +860,81 @@ func (m *Manager) sweep() {
 		if !ok {
 			continue
 		}
-		m.sweepOneLocked(ctx, sessions[i].ID)
+		idle := m.sweepOneLocked(ctx, sessions[i].ID)
 		unlock()
+		if idle {
+			m.idleAsync(sessions[i].ID)
+		}
 	}
 }
 
-func (m *Manager) sweepOneLocked(ctx context.Context, pk string) {
+// maxIdleActions bounds the idle teardowns and pauses running at once.
+const maxIdleActions = 2
+
+// idleAsync tears down or pauses an idle session off the monitor's
+// goroutine: a save or checkpoint may take long, and the sweep must go on
+// noticing deaths and counting egress for everyone else. One action per
+// session at a time; the Manager's Close cancels and waits for them.
+func (m *Manager) idleAsync(pk string) {
+	m.mu.Lock()
+	if m.idleBusy == nil {
+		m.idleBusy = map[string]bool{}
+	}
+	if m.idleBusy[pk] || len(m.idleBusy) >= maxIdleActions {
+		m.mu.Unlock()
+		return // next round
+	}
+	m.idleBusy[pk] = true
+	m.mu.Unlock()
+	m.wg.Add(1)
+	m.idleWG.Add(1)
+	go func() {
+		defer m.wg.Done()
+		defer m.idleWG.Done()
+		defer func() {
+			m.mu.Lock()
+			delete(m.idleBusy, pk)
+			m.mu.Unlock()
+		}()
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go func() {
+			select {
+			case <-m.done:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		unlock := m.lock(pk)
+		defer unlock()
+		m.idleActLocked(ctx, pk)
+	}()
+}
+
+// sweepOneLocked checks a live session and says whether it is idle past
+// its timeout (its action runs in idleAsync).
+func (m *Manager) sweepOneLocked(ctx context.Context, pk string) (idle bool) {
 	// Re-read under the lock: the session may have moved on.
 	cur, err := m.db.GetSessionByID(ctx, pk)
 	if err != nil {
-		return
+		return false
 	}
 	m.checkAliveLocked(ctx, &cur)
 	if cur.Status != store.StatusRunning {
-		return
+		return false
 	}
 	m.persistEgress(ctx, &cur)
-	if m.idle(&cur, m.now()) && m.IdleAction(&cur) == config.IdlePause {
+	return m.idle(&cur, m.now())
+}
+
+// idleActLocked pauses or tears down a session still idle past its
+// timeout.
+func (m *Manager) idleActLocked(ctx context.Context, pk string) {
+	cur, err := m.db.GetSessionByID(ctx, pk)
+	if err != nil || cur.Status != store.StatusRunning || !m.idle(&cur, m.now()) {
+		return
+	}
+	if m.IdleAction(&cur) == config.IdlePause {
 		m.idlePauseLocked(ctx, &cur)
 		return
 	}

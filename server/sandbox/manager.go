@@ -169,10 +169,13 @@ type Manager struct {
 	memUsed  int
 	memMax   int
 	activity map[string]*activity   // by pk: commands running, last use
+	idleBusy map[string]bool        // by pk: an idle teardown or pause in progress (idleAsync)
 	orgSaves map[string]*sync.Mutex // by org: held while one of its sessions saves
 
 	done chan struct{}
 	wg   sync.WaitGroup
+	// idleWG counts idleAsync's actions (tests wait for them).
+	idleWG sync.WaitGroup
 }
 
 // New returns a Manager; call Reconcile, then StartMonitor.

@@ -141,6 +141,7 @@ func TestIdleTimeoutTearsDown(t *testing.T) {
 	forever := e.provision("forever", 0)
 	watched := e.provision("watched", 60)
 	e.m.sweep() // first sight of the sessions
+	e.m.idleWG.Wait()
 	// An attached terminal is use for as long as it is attached.
 	term, err := e.m.Command(context.Background(), watched, Admit{Use: true})
 	if err != nil {
@@ -165,6 +166,7 @@ func TestIdleTimeoutTearsDown(t *testing.T) {
 		t.Fatal("the monitor waited for a locked session")
 	}
 	unlock()
+	e.m.idleWG.Wait()
 	for id, want := range map[string]string{"idle1": "stopped", "busy1": "running", "forever": "running", "watched": "running"} {
 		if got := e.status(id); got != want {
 			t.Errorf("%s: status %s, want %s", id, got, want)
@@ -172,6 +174,7 @@ func TestIdleTimeoutTearsDown(t *testing.T) {
 	}
 	e.advance(time.Hour)
 	e.m.sweep()
+	e.m.idleWG.Wait()
 	if got := e.status("forever"); got != "running" {
 		t.Errorf("no idle timeout: status %s", got)
 	}
@@ -181,6 +184,7 @@ func TestIdleTimeoutTearsDown(t *testing.T) {
 	term.End() // detached: idle from now
 	e.advance(61 * time.Second)
 	e.m.sweep()
+	e.m.idleWG.Wait()
 	if got := e.status("watched"); got != "stopped" {
 		t.Errorf("detached terminal past the timeout: status %s", got)
 	}

@@ -136,8 +136,10 @@ func TestIdlePause(t *testing.T) {
 	}
 	e.provision("dflt", 60)
 	e.m.sweep()
+	e.m.idleWG.Wait()
 	e.advance(61 * time.Second)
 	e.m.sweep()
+	e.m.idleWG.Wait()
 	if a, b := e.status("td"), e.status("dflt"); a != store.StatusStopped || b != store.StatusPaused {
 		t.Fatalf("idle: td %s, dflt %s", a, b)
 	}
@@ -146,14 +148,17 @@ func TestIdlePause(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.m.sweep()
+	e.m.idleWG.Wait()
 	e.advance(30 * time.Second)
 	e.m.sweep()
+	e.m.idleWG.Wait()
 	if got := e.status("dflt"); got != store.StatusRunning {
 		t.Fatalf("paused again before its own timeout: %s", got)
 	}
 	e.rt.CheckpointErr = fmt.Errorf("%w: no space", runsc.ErrCheckpointFailed)
 	e.advance(31 * time.Second)
 	e.m.sweep()
+	e.m.idleWG.Wait()
 	if got := e.status("dflt"); got != store.StatusStopped {
 		t.Fatalf("a failed idle pause tears down: %s", got)
 	}
