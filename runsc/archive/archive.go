@@ -48,6 +48,9 @@ type Stats struct {
 	Bytes int64
 	// Skipped counts sockets and devices Pack left out.
 	Skipped int64
+	// XattrsSkipped (Pack only) counts extended attributes left out
+	// because the format cannot carry them (a name with '=').
+	XattrsSkipped int64
 	// Usage (Pack only) is the disk space (allocated blocks) of each
 	// top-level entry and everything below it, as du counts it but hard
 	// links each time: what a second walk of the tree would add up.
@@ -115,7 +118,7 @@ func checkName(name string) (string, error) {
 	switch {
 	case n == "":
 		return "", unsafeEntry(name, "empty name")
-	case len(n) > 4095:
+	case len(n) > MaxName:
 		return "", unsafeEntry(name[:64], "name too long")
 	case strings.HasPrefix(n, "/"):
 		return "", unsafeEntry(name, "absolute name")
@@ -135,6 +138,27 @@ func checkName(name string) (string, error) {
 	return n, nil
 }
 
+// MaxName bounds an entry's path (relative to the tree's root), for Pack
+// and Unpack alike: Pack fails on a longer one (see checkPackName) rather
+// than make a save Unpack would refuse. It is 8 times PATH_MAX: Unpack
+// resolves longer names a run of components at a time, but keeps every
+// name of the archive in memory.
+const MaxName = 32 << 10
+
+// checkPackName is Pack's side of checkName's length bound (the rest of
+// checkName holds for any name a directory listing gives).
+func checkPackName(path string) error {
+	if len(path) > MaxName {
+		return fmt.Errorf("pack: path %q... is %d bytes long, more than the %d a restore accepts: shorten that directory chain",
+			path[:64], len(path), MaxName)
+	}
+	return nil
+}
+
+// pathMax is the longest name one system call resolves (PATH_MAX less its
+// NUL).
+const pathMax = 4095
+
 func splitName(n string) (parent, base string) {
 	i := strings.LastIndexByte(n, '/')
 	if i < 0 {
@@ -146,6 +170,19 @@ func splitName(n string) (parent, base string) {
 // xattrPrefix is how PAX records carry extended attributes (GNU tar,
 // bsdtar and Go's archive/tar read them alike).
 const xattrPrefix = "SCHILY.xattr."
+
+// sparseKey is the PAX record of a sparse regular file: its real size.
+// The entry's data is then a sequence of segments, each a 16-byte header
+// (offset and length, big-endian uint64) and that many bytes of data, in
+// increasing order of offset, not overlapping, within the real size; the
+// rest of the file is holes.
+const sparseKey = "SANDBOXD.sparse.size"
+
+// xattrEncodable reports whether the tar format can carry an attribute
+// name (as a PAX record key, which cannot hold '=' or NUL).
+func xattrEncodable(key string) bool {
+	return key != "" && strings.IndexByte(key, '=') < 0 && strings.IndexByte(key, 0) < 0
+}
 
 func xattrAllowed(key string, overlay bool) bool {
 	switch {
