@@ -4,7 +4,27 @@
 // the tree, FIFOs, overlay whiteouts (character devices 0:0), modes with
 // setuid/setgid/sticky bits, numeric owners, nanosecond mtimes, extended
 // attributes (trusted.overlay.* included, so opaque directories survive)
-// and names of any bytes but NUL and '/' (newlines, non-UTF-8).
+// and names of any bytes but NUL and '/' (newlines, non-UTF-8) up to
+// MaxName bytes of path, deeper than PATH_MAX included.
+//
+// Holes: a regular file with fewer blocks than its size is listed with
+// SEEK_DATA/SEEK_HOLE and, when it has holes, written as a sparse entry of
+// our own: a PAX record SANDBOXD.sparse.size=<real size>, and entry data
+// made of segments, each a 16-byte header (offset, length: big-endian
+// uint64) and that many bytes of the file, in increasing order. Packing a
+// 2 TiB file of holes then costs two lseeks, not 2 TiB of zeros; no cap on
+// segments is needed, as Unpack reads them one at a time. (Other tar
+// readers extract such an entry as its raw segments.) Unpack truncates the
+// file to the real size and writes each segment at its offset after
+// checking it: in order, not overlapping, non-empty, within the real size,
+// the segments filling the entry's data exactly. Either way Unpack writes
+// no 4 KiB block (file system block) that is all zeros, so a restored file
+// takes no more space than the one packed. Pack checks for cancellation
+// while copying a file's data, not only between entries.
+//
+// Extended attributes whose name a PAX record cannot carry (with '=') are
+// left out by Pack, counted in Stats.XattrsSkipped, rather than fail the
+// save. Stats.Bytes counts data, not holes.
 //
 // Pack reads a tree nobody changes meanwhile (a frozen or stopped sandbox)
 // without following a symlink: every step is relative to an opened
@@ -16,6 +36,8 @@
 // Unpack is safe by construction on hostile input: every entry's parent is
 // opened with openat2(RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS|
 // RESOLVE_NO_MAGICLINKS|RESOLVE_NO_XDEV) from the destination's descriptor
+// (a parent name longer than PATH_MAX a run of whole components at a
+// time, each run opened so beneath the directory the previous one opened)
 // and the entry is created relative to it with O_EXCL/O_NOFOLLOW (or
 // mkdirat, symlinkat, mknodat, linkat without following), so absolute
 // names, "..", writing through a symlink, leaving the mount, duplicate
