@@ -8,8 +8,9 @@
 // MaxName bytes of path, deeper than PATH_MAX included.
 //
 // Holes: a regular file with fewer blocks than its size is listed with
-// SEEK_DATA/SEEK_HOLE and, when it has holes, written as a sparse entry of
-// our own: a PAX record SANDBOXD.sparse.size=<real size>, and entry data
+// SEEK_DATA/SEEK_HOLE. Up to 256 MiB of holes in all (denseHoles) are
+// packed as zeros, so small sparse files extract with any tar; beyond, a
+// file with holes is written as a sparse entry of our own: a PAX record SANDBOXD.sparse.size=<real size>, and entry data
 // made of segments, each a 16-byte header (offset, length: big-endian
 // uint64) and that many bytes of the file, in increasing order. Packing a
 // 2 TiB file of holes then costs two lseeks, not 2 TiB of zeros; no cap on

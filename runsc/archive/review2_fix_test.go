@@ -34,8 +34,9 @@ func readAt(t *testing.T, dfd int, name string) string {
 	t.Helper()
 	fd, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_NOFOLLOW, 0)
 	must(t, err)
-	defer unix.Close(fd)
-	b, err := io.ReadAll(os.NewFile(uintptr(fd), name))
+	f := os.NewFile(uintptr(fd), name)
+	defer f.Close()
+	b, err := io.ReadAll(f)
 	must(t, err)
 	return string(b)
 }
@@ -195,6 +196,22 @@ func TestSparseRoundTrip(t *testing.T) {
 		}
 		if n < len(want) || !bytes.Equal(got[:len(want)], want) {
 			t.Fatalf("at %d: %q", off, got[:n])
+		}
+	}
+	// Which files were sparse entries: the small hole is packed as zeros.
+	var raw bytes.Buffer
+	_, err = PackTar(context.Background(), src, nil, &raw)
+	must(t, err)
+	tr := newTarReader(&raw)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		must(t, err)
+		_, sparse := h.PAXRecords[sparseKey]
+		if sparse != (h.Name != "tailhole") {
+			t.Errorf("%s: sparse entry %v", h.Name, sparse)
 		}
 	}
 	var st unix.Stat_t
