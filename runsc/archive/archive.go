@@ -4,7 +4,28 @@
 // the tree, FIFOs, overlay whiteouts (character devices 0:0), modes with
 // setuid/setgid/sticky bits, numeric owners, nanosecond mtimes, extended
 // attributes (trusted.overlay.* included, so opaque directories survive)
-// and names of any bytes but NUL and '/' (newlines, non-UTF-8).
+// and names of any bytes but NUL and '/' (newlines, non-UTF-8) up to
+// MaxName bytes of path, deeper than PATH_MAX included.
+//
+// Holes: a regular file with fewer blocks than its size is listed with
+// SEEK_DATA/SEEK_HOLE. Up to 256 MiB of holes in all (denseHoles) are
+// packed as zeros, so small sparse files extract with any tar; beyond, a
+// file with holes is written as a sparse entry of our own: a PAX record SANDBOXD.sparse.size=<real size>, and entry data
+// made of segments, each a 16-byte header (offset, length: big-endian
+// uint64) and that many bytes of the file, in increasing order. Packing a
+// 2 TiB file of holes then costs two lseeks, not 2 TiB of zeros; no cap on
+// segments is needed, as Unpack reads them one at a time. (Other tar
+// readers extract such an entry as its raw segments.) Unpack truncates the
+// file to the real size and writes each segment at its offset after
+// checking it: in order, not overlapping, non-empty, within the real size,
+// the segments filling the entry's data exactly. Either way Unpack writes
+// no 4 KiB block (file system block) that is all zeros, so a restored file
+// takes no more space than the one packed. Pack checks for cancellation
+// while copying a file's data, not only between entries.
+//
+// Extended attributes whose name a PAX record cannot carry (with '=') are
+// left out by Pack, counted in Stats.XattrsSkipped, rather than fail the
+// save. Stats.Bytes counts data, not holes.
 //
 // Pack reads a tree nobody changes meanwhile (a frozen or stopped sandbox)
 // without following a symlink: every step is relative to an opened
@@ -16,6 +37,8 @@
 // Unpack is safe by construction on hostile input: every entry's parent is
 // opened with openat2(RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS|
 // RESOLVE_NO_MAGICLINKS|RESOLVE_NO_XDEV) from the destination's descriptor
+// (a parent name longer than PATH_MAX a run of whole components at a
+// time, each run opened so beneath the directory the previous one opened)
 // and the entry is created relative to it with O_EXCL/O_NOFOLLOW (or
 // mkdirat, symlinkat, mknodat, linkat without following), so absolute
 // names, "..", writing through a symlink, leaving the mount, duplicate
@@ -48,6 +71,9 @@ type Stats struct {
 	Bytes int64
 	// Skipped counts sockets and devices Pack left out.
 	Skipped int64
+	// XattrsSkipped (Pack only) counts extended attributes left out
+	// because the format cannot carry them (a name with '=').
+	XattrsSkipped int64
 	// Usage (Pack only) is the disk space (allocated blocks) of each
 	// top-level entry and everything below it, as du counts it but hard
 	// links each time: what a second walk of the tree would add up.
@@ -115,7 +141,7 @@ func checkName(name string) (string, error) {
 	switch {
 	case n == "":
 		return "", unsafeEntry(name, "empty name")
-	case len(n) > 4095:
+	case len(n) > MaxName:
 		return "", unsafeEntry(name[:64], "name too long")
 	case strings.HasPrefix(n, "/"):
 		return "", unsafeEntry(name, "absolute name")
@@ -135,6 +161,27 @@ func checkName(name string) (string, error) {
 	return n, nil
 }
 
+// MaxName bounds an entry's path (relative to the tree's root), for Pack
+// and Unpack alike: Pack fails on a longer one (see checkPackName) rather
+// than make a save Unpack would refuse. It is 8 times PATH_MAX: Unpack
+// resolves longer names a run of components at a time, but keeps every
+// name of the archive in memory.
+const MaxName = 32 << 10
+
+// checkPackName is Pack's side of checkName's length bound (the rest of
+// checkName holds for any name a directory listing gives).
+func checkPackName(path string) error {
+	if len(path) > MaxName {
+		return fmt.Errorf("pack: path %q... is %d bytes long, more than the %d a restore accepts: shorten that directory chain",
+			path[:64], len(path), MaxName)
+	}
+	return nil
+}
+
+// pathMax is the longest name one system call resolves (PATH_MAX less its
+// NUL).
+const pathMax = 4095
+
 func splitName(n string) (parent, base string) {
 	i := strings.LastIndexByte(n, '/')
 	if i < 0 {
@@ -146,6 +193,19 @@ func splitName(n string) (parent, base string) {
 // xattrPrefix is how PAX records carry extended attributes (GNU tar,
 // bsdtar and Go's archive/tar read them alike).
 const xattrPrefix = "SCHILY.xattr."
+
+// sparseKey is the PAX record of a sparse regular file: its real size.
+// The entry's data is then a sequence of segments, each a 16-byte header
+// (offset and length, big-endian uint64) and that many bytes of data, in
+// increasing order of offset, not overlapping, within the real size; the
+// rest of the file is holes.
+const sparseKey = "SANDBOXD.sparse.size"
+
+// xattrEncodable reports whether the tar format can carry an attribute
+// name (as a PAX record key, which cannot hold '=' or NUL).
+func xattrEncodable(key string) bool {
+	return key != "" && strings.IndexByte(key, '=') < 0 && strings.IndexByte(key, 0) < 0
+}
 
 func xattrAllowed(key string, overlay bool) bool {
 	switch {

@@ -2,6 +2,7 @@ package archive
 
 import (
 	"bufio"
+	"fmt"
 	"io"
 	"sort"
 	"strconv"
@@ -34,6 +35,10 @@ type tarEntry struct {
 	mtimeSec       int64
 	mtimeNsec      int64
 	xattrs         []xattr // sorted by key
+	// sparse: the data is segments (see sparseKey) of a file of
+	// realSize bytes.
+	sparse   bool
+	realSize int64
 }
 
 type xattr struct{ key, value string }
@@ -112,10 +117,17 @@ func (t *tarWriter) header(e *tarEntry) error {
 		pax = paxRecord(pax, "mtime", formatPAXTime(e.mtimeSec, e.mtimeNsec))
 		mtime = min(max(mtime, 0), maxOctal11)
 	}
+	if e.sparse {
+		pax = paxRecord(pax, sparseKey, strconv.FormatInt(e.realSize, 10))
+	}
 	for _, x := range e.xattrs {
 		pax = paxRecord(pax, xattrPrefix+x.key, x.value)
 	}
 	t.pax = pax
+	if len(pax) > maxSpecial { // a reader refuses it: fail now, not at restore
+		t.err = fmt.Errorf("pack: %q: name and extended attributes take %d bytes, more than the %d a restore accepts", e.name, len(pax), maxSpecial)
+		return t.err
+	}
 	if len(pax) > 0 {
 		t.block("././@PaxHeader", "", 'x', 0o644, 0, 0, int64(len(pax)), mtime)
 		t.write(pax)

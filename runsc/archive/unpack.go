@@ -3,9 +3,11 @@ package archive
 import (
 	"archive/tar"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -187,12 +189,37 @@ func (u *unpacker) parent(parent string) (int, error) {
 		u.lastFd = u.root
 		return u.root, nil
 	}
-	fd, err := unix.Openat2(u.root, parent, &unix.OpenHow{
-		Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC, Resolve: resolveBeneath})
+	fd, err := u.openDir(parent)
 	if err != nil {
 		return -1, unsafeEntry(parent, "parent directory: %v", err)
 	}
 	u.lastFd, u.lastParent = fd, parent
+	return fd, nil
+}
+
+// openDir opens (O_PATH) the directory rel ("" the root itself) beneath
+// the root, following no symlink and leaving no mount: with one openat2
+// when rel fits PATH_MAX, else with one per run of whole components that
+// does, each beneath the directory the previous one opened (so beneath the
+// root; names have no ".." segment).
+func (u *unpacker) openDir(rel string) (int, error) {
+	fd := u.root
+	for first := true; first || rel != ""; first = false {
+		part := rel
+		if len(part) > pathMax {
+			part = rel[:strings.LastIndexByte(rel[:pathMax+1], '/')] // segments are at most 255 bytes
+		}
+		rel = strings.TrimPrefix(rel[len(part):], "/")
+		next, err := unix.Openat2(fd, orDot(part), &unix.OpenHow{
+			Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC, Resolve: resolveBeneath})
+		if fd != u.root {
+			unix.Close(fd)
+		}
+		if err != nil {
+			return -1, err
+		}
+		fd = next
+	}
 	return fd, nil
 }
 
@@ -205,6 +232,9 @@ func (u *unpacker) entry(hdr *tar.Header, body io.Reader) error {
 		return unsafeEntry(name, "duplicate entry")
 	}
 	overlay := u.o.Overlay != nil && u.o.Overlay(name)
+	if _, ok := hdr.PAXRecords[sparseKey]; ok && hdr.Typeflag != tar.TypeReg {
+		return unsafeEntry(name, "sparse map on a %q entry", hdr.Typeflag)
+	}
 	for k := range hdr.PAXRecords {
 		if key, ok := strings.CutPrefix(k, xattrPrefix); ok && !xattrAllowed(key, overlay) {
 			return unsafeEntry(name, "extended attribute %q not allowed here", key)
@@ -230,7 +260,23 @@ func (u *unpacker) entry(hdr *tar.Header, body io.Reader) error {
 		u.dirs = append(u.dirs, hdr)
 		u.st.Dirs++
 	case tar.TypeReg:
-		if hdr.Size <= smallFile {
+		if v, ok := hdr.PAXRecords[sparseKey]; ok {
+			size, err := parseSize(v)
+			if err != nil {
+				return unsafeEntry(name, "bad sparse file size %q", v)
+			}
+			data, err := u.sparseFile(pfd, base, name, hdr, body, size)
+			if err != nil {
+				return err
+			}
+			u.files[name] = true
+			u.st.Files++
+			u.st.Bytes += data
+			break
+		}
+		// The writers create from the root: a name too long for one
+		// openat2 is made here, below its parent.
+		if hdr.Size <= smallFile && len(name) <= pathMax {
 			if err := u.w.add(name, hdr, body); err != nil {
 				return err
 			}
@@ -263,8 +309,7 @@ func (u *unpacker) entry(hdr *tar.Header, body io.Reader) error {
 			return err
 		}
 		tParent, tBase := splitName(target)
-		tfd, err := unix.Openat2(u.root, orDot(tParent), &unix.OpenHow{
-			Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC, Resolve: resolveBeneath})
+		tfd, err := u.openDir(tParent)
 		if err != nil {
 			return unsafeEntry(name, "hard link target's directory: %v", err)
 		}
@@ -317,34 +362,80 @@ func (u *unpacker) file(pfd int, base, name string, hdr *tar.Header, body io.Rea
 		return unsafeEntry(name, "create: %v", err)
 	}
 	defer unix.Close(fd)
-	var off, end int64 // end: past the last byte written
-	for off < hdr.Size {
-		n, err := io.ReadFull(body, u.buf[:min(int64(len(u.buf)), hdr.Size-off)])
-		if err != nil {
-			return fmt.Errorf("unpack: read %q: %w", name, err)
-		}
-		chunk := u.buf[:n]
-		if allZero(chunk) {
-			off += int64(n)
-			continue
-		}
-		if err := pwriteFull(fd, chunk, off); err != nil {
-			return fmt.Errorf("unpack: write %q: %w", name, err)
-		}
-		off += int64(n)
-		end = off
+	if err := unix.Ftruncate(fd, hdr.Size); err != nil { // holes where nothing is written
+		return fmt.Errorf("unpack: size %q: %w", name, err)
 	}
-	if end != hdr.Size {
-		if err := unix.Ftruncate(fd, hdr.Size); err != nil { // a hole at the end
-			return fmt.Errorf("unpack: size %q: %w", name, err)
-		}
+	if err := u.copyAt(fd, name, body, 0, hdr.Size); err != nil {
+		return err
 	}
 	return u.meta(pfd, base, name, hdr, fd)
 }
 
+// copyAt writes n bytes of body at off in fd, leaving holes for zero
+// blocks, checking for cancellation between reads.
+func (u *unpacker) copyAt(fd int, name string, body io.Reader, off, n int64) error {
+	for n > 0 {
+		if err := u.ctx.Err(); err != nil {
+			return err
+		}
+		m, err := io.ReadFull(body, u.buf[:min(int64(len(u.buf)), n)])
+		if err != nil {
+			return fmt.Errorf("unpack: read %q: %w", name, err)
+		}
+		if _, err := writeData(fd, u.buf[:m], off); err != nil {
+			return fmt.Errorf("unpack: write %q: %w", name, err)
+		}
+		off += int64(m)
+		n -= int64(m)
+	}
+	return nil
+}
+
+// sparseFile writes a sparse file's segments (see sparseKey), each checked
+// to lie past the previous one and within the file's size, and the whole
+// of them to fill the entry's data exactly. It returns the data's size.
+func (u *unpacker) sparseFile(pfd int, base, name string, hdr *tar.Header, body io.Reader, size int64) (int64, error) {
+	fd, err := unix.Openat(pfd, base, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return 0, unsafeEntry(name, "create: %v", err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Ftruncate(fd, size); err != nil {
+		return 0, fmt.Errorf("unpack: size %q: %w", name, err)
+	}
+	var seg [segHeader]byte
+	var end, data int64 // end: past the previous segment
+	for left := hdr.Size; left > 0; {
+		if left < segHeader {
+			return 0, unsafeEntry(name, "sparse data: truncated segment header")
+		}
+		if _, err := io.ReadFull(body, seg[:]); err != nil {
+			return 0, fmt.Errorf("unpack: read %q: %w", name, err)
+		}
+		off, n := binary.BigEndian.Uint64(seg[:8]), binary.BigEndian.Uint64(seg[8:])
+		left -= segHeader
+		if n == 0 || off < uint64(end) || off > uint64(size) || n > uint64(size)-off || n > uint64(left) {
+			return 0, unsafeEntry(name, "sparse data: segment %d+%d out of order, empty, or past the size %d or the data", off, n, size)
+		}
+		if err := u.copyAt(fd, name, body, int64(off), int64(n)); err != nil {
+			return 0, err
+		}
+		end, left, data = int64(off+n), left-int64(n), data+int64(n)
+	}
+	return data, u.meta(pfd, base, name, hdr, fd)
+}
+
+// parseSize parses a non-negative decimal size, digits only.
+func parseSize(v string) (int64, error) {
+	if v == "" || len(v) > 19 || strings.Trim(v, "0123456789") != "" {
+		return 0, errHeader
+	}
+	return strconv.ParseInt(v, 10, 64)
+}
+
 // smallFile writes a file a worker was given: created from the root
-// beneath it (no symlink followed, no mount left), its body written unless
-// all zeros (then a hole), its metadata set through its descriptor.
+// beneath it (no symlink followed, no mount left), its body written but
+// for zero blocks (holes), its metadata set through its descriptor.
 func (u *unpacker) smallFile(j fileJob) error {
 	fd, err := unix.Openat2(u.root, j.name, &unix.OpenHow{
 		Flags: unix.O_CREAT | unix.O_EXCL | unix.O_WRONLY | unix.O_NOFOLLOW | unix.O_CLOEXEC, Mode: 0o600, Resolve: resolveBeneath})
@@ -353,16 +444,54 @@ func (u *unpacker) smallFile(j fileJob) error {
 	}
 	defer unix.Close(fd)
 	data := *j.data
-	if allZero(data) {
-		if len(data) > 0 {
-			if err := unix.Ftruncate(fd, int64(len(data))); err != nil {
-				return fmt.Errorf("unpack: size %q: %w", j.name, err)
-			}
-		}
-	} else if err := pwriteFull(fd, data, 0); err != nil {
+	end, err := writeData(fd, data, 0)
+	if err != nil {
 		return fmt.Errorf("unpack: write %q: %w", j.name, err)
 	}
+	if end != int64(len(data)) { // a hole at the end
+		if err := unix.Ftruncate(fd, int64(len(data))); err != nil {
+			return fmt.Errorf("unpack: size %q: %w", j.name, err)
+		}
+	}
 	return u.meta(-1, "", j.name, j.hdr, fd)
+}
+
+// holeBlock is the granularity of the holes Unpack leaves: the file
+// system's block size, so a restored file takes no more space than the
+// one packed (whose holes are whole blocks).
+const holeBlock = 4096
+
+// writeData writes b at off in fd but for the blocks (holeBlock-aligned in
+// the file) that are all zeros, which stay holes: runs of other blocks
+// are written with one pwrite each. It returns the end (file offset) of
+// the last write, 0 if none.
+func writeData(fd int, b []byte, off int64) (end int64, err error) {
+	run := -1 // start in b of the run of blocks to write
+	flush := func(i int) error {
+		if run < 0 {
+			return nil
+		}
+		if err := pwriteFull(fd, b[run:i], off+int64(run)); err != nil {
+			return err
+		}
+		end, run = off+int64(i), -1
+		return nil
+	}
+	for i := 0; i < len(b); {
+		j := min(len(b), i+int(holeBlock-(off+int64(i))%holeBlock))
+		if allZero(b[i:j]) {
+			if err := flush(i); err != nil {
+				return 0, err
+			}
+		} else if run < 0 {
+			run = i
+		}
+		i = j
+	}
+	if err := flush(len(b)); err != nil {
+		return 0, err
+	}
+	return end, nil
 }
 
 func pwriteFull(fd int, b []byte, off int64) error {

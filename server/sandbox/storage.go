@@ -220,8 +220,13 @@ func (m *Manager) saveLocked(ctx context.Context, ses *store.Session, live bool)
 	}
 	ses.Saved = sv
 	m.hang("save-recorded")
-	m.events.Event(ses.ID, "saved", map[string]any{"bytes": info.Size, "files": st.Files, "dataBytes": st.Bytes,
-		"generation": gen, "ms": time.Since(start).Milliseconds(), "syncMs": syncMs, "freezeMs": freezeMs})
+	ev := map[string]any{"bytes": info.Size, "files": st.Files, "dataBytes": st.Bytes,
+		"generation": gen, "ms": time.Since(start).Milliseconds(), "syncMs": syncMs, "freezeMs": freezeMs}
+	if st.XattrsSkipped > 0 { // attributes the save format cannot carry (a name with '=')
+		ev["xattrsSkipped"] = st.XattrsSkipped
+		m.log.Warn("save left out extended attributes it cannot encode", "session", ses.SessionID, "count", st.XattrsSkipped)
+	}
+	m.events.Event(ses.ID, "saved", ev)
 	return st, nil
 }
 
