@@ -65,7 +65,7 @@ func New(t testing.TB, host string) *Server {
 	}
 	s := &Server{Host: host, Root: t.TempDir(), grants: map[string]map[string]bool{},
 		backend: filepath.Join(strings.TrimSpace(string(exe)), "git-http-backend")}
-	cert, caPEM := certFor(t, host)
+	cert, caPEM := CertFor(t, host)
 	s.CAPEM = caPEM
 	s.srv = httptest.NewUnstartedServer(http.HandlerFunc(s.serve))
 	s.srv.Config.ErrorLog = log.New(io.Discard, "", 0)
@@ -200,7 +200,9 @@ func repoOf(p string) string {
 	return ""
 }
 
-func certFor(t testing.TB, host string) (tls.Certificate, []byte) {
+// CertFor makes a CA and a leaf certificate for host (and localhost)
+// signed by it; it returns the leaf and the CA's PEM.
+func CertFor(t testing.TB, host string) (tls.Certificate, []byte) {
 	t.Helper()
 	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	ca := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "gittest CA"},
