@@ -49,7 +49,13 @@ func realConfig(t testing.TB) *config.Config {
 	if os.Geteuid() != 0 {
 		t.Skip("real gVisor tests need root")
 	}
-	dir := t.TempDir()
+	// Short, whatever the test's name: agent sockets live under it (107
+	// bytes at most for a unix socket path).
+	dir, err := os.MkdirTemp("", "sbxt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
 	cfg, err := config.Load(config.Overrides{DataDir: dir, Listen: "127.0.0.1:0"})
 	if err != nil {
 		t.Fatal(err)
