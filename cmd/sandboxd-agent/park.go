@@ -269,15 +269,7 @@ func (s *server) expireParked(epoch int) {
 	if stale {
 		return
 	}
-	s.smu.Lock()
-	list := make([]*session, 0, len(s.sessions))
-	for _, ss := range s.sessions {
-		list = append(list, ss)
-	}
-	s.smu.Unlock()
-	for _, ss := range list {
-		ss.expire()
-	}
+	s.expireParkedNow()
 }
 
 // expireParkedNow kills every session that is parked right now (op
