@@ -6,10 +6,10 @@ package configs
 
 import "embed"
 
-// FS holds sandboxd.yaml, sizes.yaml, scrubber.yaml (secret patterns),
+// FS holds sandboxd.yaml, sizes.yaml, plans.yaml (plans and credits), scrubber.yaml (secret patterns),
 // egress.yaml (egress allowlist) and image/ (packages.txt, build.sh,
 // setup.sh, editor.sh and services/, the launchers of the on-demand
 // services).
 //
-//go:embed sandboxd.yaml sizes.yaml scrubber.yaml egress.yaml image/packages.txt image/build.sh image/setup.sh image/editor.sh image/services
+//go:embed sandboxd.yaml sizes.yaml plans.yaml scrubber.yaml egress.yaml image/packages.txt image/build.sh image/setup.sh image/editor.sh image/services
 var FS embed.FS

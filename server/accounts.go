@@ -30,7 +30,7 @@ func (s *Server) me(c *gin.Context) {
 		"organization": gin.H{"id": p.Org.ID, "name": p.Org.Name},
 		"projectId":    p.ProjectID,
 		"role":         p.Role,
-		"permissions":  Permissions(p.Role),
+		"permissions":  permissionsOf(p),
 		"tokenId":      p.TokenID,
 	})
 }

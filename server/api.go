@@ -108,6 +108,9 @@ func (s *Server) routes() *gin.Engine {
 	op("PATCH", "/orgs/:orgId/members/:userId", "member.update", PermOrgManage, s.updateMember)
 	op("DELETE", "/orgs/:orgId/members/:userId", "member.remove", PermOrgManage, s.removeMember)
 	op("GET", "/audit", "audit.list", PermAuditRead, s.listAudit)
+	op("GET", "/usage", "usage.get", PermProjectRead, s.getUsage)
+	op("PUT", "/orgs/:orgId/plan", "org.plan_set", PermOperate, s.setPlan)
+	op("POST", "/orgs/:orgId/credits", "org.credits_grant", PermOperate, s.grantCredits)
 	return e
 }
 
@@ -208,7 +211,8 @@ func (s *Server) auditDenied(c *gin.Context, status int) {
 
 func (s *Server) require(perm string) gin.HandlerFunc {
 	return func(c *gin.Context) {
-		if perm != "" && !Can(principal(c).Role, perm) {
+		p := principal(c)
+		if perm == PermOperate && !p.Operator || perm != PermOperate && perm != "" && !Can(p.Role, perm) {
 			s.writeError(c, forbidden(perm))
 			return
 		}

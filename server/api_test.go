@@ -58,7 +58,7 @@ func newAPIEnvWith(t *testing.T, cfg *config.Config, log *slog.Logger) *apiEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, token, created, err := db.Bootstrap(context.Background(), "default", "owner")
+	p, token, created, err := db.Bootstrap(context.Background(), "default", "owner", cfg.Plans.FirstOrg)
 	if err != nil || !created {
 		t.Fatalf("bootstrap: %v %v", created, err)
 	}

@@ -100,7 +100,7 @@ func BenchmarkStorage(b *testing.B) {
 		b.Skip("zstd missing (configs/host/packages.txt)")
 	}
 	const diskMiB = 1024
-	cfg.Sizes.List = append(cfg.Sizes.List, config.Size{Name: "bench-disk", VCPUs: 1, MemoryMiB: 512, DiskMiB: diskMiB, Pids: 512, CreditsPerHour: 1})
+	cfg.Sizes.List = append(cfg.Sizes.List, config.Size{Name: "bench-disk", VCPUs: 1, MemoryMiB: 512, DiskMiB: diskMiB, Pids: 512, CreditsPerHour: 1000})
 	h := startServer(b, cfg)
 	runs := 0
 	for _, kind := range []string{"100MB", "20k-files"} {

@@ -109,8 +109,8 @@ func egressTestConfig(t *testing.T, u *upstreams) *config.Config {
 		egressRule("*.mirror."+testDomain, u.httpPort))
 	cfg.EgressResolver = testResolver{}
 	cfg.Sizes.List = append(cfg.Sizes.List,
-		config.Size{Name: "test-egress", VCPUs: 1, MemoryMiB: 512, DiskMiB: 512, Pids: 512, CreditsPerHour: 1, EgressMiB: 256},
-		config.Size{Name: "test-quota", VCPUs: 1, MemoryMiB: 512, DiskMiB: 256, Pids: 512, CreditsPerHour: 1, EgressMiB: 2})
+		config.Size{Name: "test-egress", VCPUs: 1, MemoryMiB: 512, DiskMiB: 512, Pids: 512, CreditsPerHour: 1000, EgressMiB: 256},
+		config.Size{Name: "test-quota", VCPUs: 1, MemoryMiB: 512, DiskMiB: 256, Pids: 512, CreditsPerHour: 1000, EgressMiB: 2})
 	return cfg
 }
 

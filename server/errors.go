@@ -36,6 +36,7 @@ var classes = []struct {
 }{
 	{errdefs.ErrInvalid, http.StatusBadRequest, "invalid_request"},
 	{errdefs.ErrUnauthenticated, http.StatusUnauthorized, "unauthenticated"},
+	{errdefs.ErrNoCredits, http.StatusPaymentRequired, "insufficient_credits"},
 	{errdefs.ErrForbidden, http.StatusForbidden, "forbidden"},
 	{errdefs.ErrNotFound, http.StatusNotFound, "not_found"},
 	{errdefs.ErrMethod, http.StatusMethodNotAllowed, "method_not_allowed"},
@@ -66,9 +67,10 @@ func forbidden(perm string) error {
 
 type errorBody struct {
 	Error struct {
-		Code      string `json:"code"`
-		Message   string `json:"message"`
-		RequestID string `json:"requestId"`
+		Code      string         `json:"code"`
+		Message   string         `json:"message"`
+		RequestID string         `json:"requestId"`
+		Details   map[string]any `json:"details,omitempty"`
 	} `json:"error"`
 }
 
@@ -82,12 +84,21 @@ func (s *Server) writeError(c *gin.Context, err error) {
 	} else if pe.Cause() != nil {
 		s.log.Warn("request failed", "requestId", requestID(c), "path", c.FullPath(), "code", code, "err", pe.Cause())
 	}
-	answerError(c, status, code, msg)
+	var details map[string]any
+	if pe, ok := errdefs.Public(err); ok {
+		details = pe.Details()
+	}
+	answerErrorDetails(c, status, code, msg, details)
 }
 
 // answerError writes the contract's error body.
 func answerError(c *gin.Context, status int, code, msg string) {
+	answerErrorDetails(c, status, code, msg, nil)
+}
+
+func answerErrorDetails(c *gin.Context, status int, code, msg string, details map[string]any) {
 	var body errorBody
+	body.Error.Details = details
 	body.Error.Code = code
 	body.Error.Message = msg
 	body.Error.RequestID = requestID(c)

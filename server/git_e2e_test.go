@@ -38,7 +38,7 @@ func startGitHarness(t *testing.T) *gitHarness {
 	gs.Grant("someone-else", "bob/private")
 	cfg.Egress.AllowNetworks = append(cfg.Egress.AllowNetworks, "127.0.0.0/8")
 	cfg.EgressResolver = testResolver{}
-	cfg.Sizes.List = append(cfg.Sizes.List, config.Size{Name: "test-git", VCPUs: 1, MemoryMiB: 512, DiskMiB: 512, Pids: 512, CreditsPerHour: 1, EgressMiB: 64})
+	cfg.Sizes.List = append(cfg.Sizes.List, config.Size{Name: "test-git", VCPUs: 1, MemoryMiB: 512, DiskMiB: 512, Pids: 512, CreditsPerHour: 1000, EgressMiB: 64})
 	gitHostConfig(t, gs, gs.URL())(cfg)
 	return &gitHarness{harness: startServer(t, cfg), gs: gs, token: token}
 }

@@ -27,6 +27,8 @@ type metrics struct {
 	apiRefused prometheus.Counter
 	// Standard library log lines dropped by the rate limit (stdlog.go).
 	stdLogSuppressed prometheus.Counter
+	// Credits drawn by running sandboxes, as the monitor sees them accrue.
+	credits prometheus.Counter
 }
 
 func newMetrics(db *store.DB) *metrics {
@@ -50,7 +52,10 @@ func newMetrics(db *store.DB) *metrics {
 	m.stdLogSuppressed = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "sandboxd_stdlog_suppressed_total", Help: "Go standard library log lines dropped by the rate limit.",
 	})
-	m.reg.MustRegister(m.requests, m.provision, m.exec, m.wsConns, m.apiConns, m.apiRefused, m.stdLogSuppressed, sessionCollector{db},
+	m.credits = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "sandboxd_credits_drawn_total", Help: "Usage credits drawn by running sandboxes (counted as the monitor sees them run, every 5 s, and at each stop).",
+	})
+	m.reg.MustRegister(m.requests, m.provision, m.exec, m.wsConns, m.apiConns, m.apiRefused, m.stdLogSuppressed, m.credits, sessionCollector{db},
 		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 	return m
 }

@@ -213,6 +213,7 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 	}
 	var eb errorBody
 	eb.Error.Code = "x"
+	eb.Error.Details = map[string]any{"k": 1} // omitted when empty
 	b, _ := json.Marshal(eb)
 	var m map[string]map[string]any
 	json.Unmarshal(b, &m)

@@ -8,6 +8,9 @@ const (
 	PermProjectRead   = "project.read"   // get/list sessions, read files and logs
 	PermAuditRead     = "audit.read"
 	PermOrgManage     = "org.manage"
+	// PermOperate is not a role's: users who operate the installation
+	// (store.Principal.Operator) change plans and grant credits.
+	PermOperate = "installation.operate"
 )
 
 var rolePerms = map[string][]string{
@@ -30,4 +33,14 @@ func Can(role, perm string) bool {
 // Permissions lists what a role grants (for GET /v1/me).
 func Permissions(role string) []string {
 	return append([]string{}, rolePerms[role]...)
+}
+
+// permissionsOf lists what a principal may do: its role's, and operating
+// the installation for operators.
+func permissionsOf(p store.Principal) []string {
+	out := Permissions(p.Role)
+	if p.Operator {
+		out = append(out, PermOperate)
+	}
+	return out
 }

@@ -291,8 +291,11 @@ type egressUsage struct {
 	BytesLimit int64 `json:"bytesLimit"`
 }
 
+// creditUsage is what the session has drawn over its life, in credits
+// and exactly in milli-credits.
 type creditUsage struct {
-	Used float64 `json:"used"`
+	Used      float64 `json:"used"`
+	UsedMilli int64   `json:"usedMilli"`
 }
 
 func strPtr(s string) *string {
@@ -307,6 +310,10 @@ func (s *Server) sandboxJSON(r *http.Request, ses *store.Session) sandboxObject 
 	if names == nil {
 		names = []string{}
 	}
+	used, err := s.sessions.SessionCredits(r.Context(), ses)
+	if err != nil {
+		s.log.Warn("session credits", "session", ses.SessionID, "err", err)
+	}
 	return sandboxObject{
 		SessionID: ses.SessionID, OrgID: ses.OrgID, ProjectID: ses.ProjectID,
 		Status: ses.Status, StatusReason: strPtr(ses.StatusReason),
@@ -316,7 +323,7 @@ func (s *Server) sandboxJSON(r *http.Request, ses *store.Session) sandboxObject 
 		SecretNames: names, IdleTimeout: ses.IdleTimeoutSeconds, IdleAction: s.sessions.IdleAction(ses),
 		CreatedAt: ses.CreatedAt, StartedAt: ses.StartedAt, StoppedAt: ses.StoppedAt,
 		Egress:  egressUsage{BytesUsed: ses.EgressBytesUsed, BytesLimit: ses.EgressBytesLimit},
-		Credits: creditUsage{Used: sandbox.CreditsUsed(ses, time.Now().UTC())},
+		Credits: creditUsage{Used: used.Credits(), UsedMilli: int64(used)},
 		URLs:    s.sandboxURLs(r, ses),
 		Storage: storageUsage{SavedBytes: ses.Saved.Bytes, SavedAt: ses.Saved.At},
 	}

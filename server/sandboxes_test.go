@@ -377,7 +377,8 @@ func TestDeleteTwiceAndTeardownAfterDelete(t *testing.T) {
 func TestSizesConfigFile(t *testing.T) {
 	clearConfigEnv(t)
 	sizes, _ := filepath.Abs("config/testdata/custom-sizes.yaml")
-	conf := writeTempFile(t, "sandboxd.yaml", "sizes:\n  configFile: "+sizes+"\n")
+	plans, _ := filepath.Abs("config/testdata/custom-plans.yaml")
+	conf := writeTempFile(t, "sandboxd.yaml", "sizes:\n  configFile: "+sizes+"\nplans:\n  configFile: "+plans+"\n")
 	cfg, err := config.Load(config.Overrides{ConfigFile: conf, DataDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)

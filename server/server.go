@@ -36,6 +36,7 @@ import (
 	"sandboxd/runsc/agent"
 	"sandboxd/runsc/image"
 	"sandboxd/server/config"
+	"sandboxd/server/credits"
 	"sandboxd/server/portal"
 	"sandboxd/server/procs"
 	"sandboxd/server/sandbox"
@@ -142,7 +143,10 @@ func New(ctx context.Context, cfg *config.Config, out io.Writer) (*Server, error
 			lock.Close()
 		}
 	}()
-	if err := bootstrap(ctx, db, cfg.DataDir, out); err != nil {
+	if cfg.Clock != nil {
+		db.Now = cfg.Clock
+	}
+	if err := bootstrap(ctx, db, cfg.DataDir, cfg.Plans.FirstOrg, out); err != nil {
 		return nil, err
 	}
 	recipe, err := cfg.ImageRecipe()
@@ -240,6 +244,8 @@ func newServer(cfg *config.Config, db *store.DB, rt Runtime, img string, log *sl
 	opts := sandbox.Options{
 		Limits: cfg.Limits, DataDir: cfg.DataDir, Image: img, Runtime: rt, Store: db, Egress: s.egress,
 		Policy: pol, Events: s.logs, Hooks: sessionHooks{s}, Rules: rules, Git: gitHost, Log: s.log,
+		Plans: cfg.Plans, Sizes: cfg.Sizes, Now: cfg.Clock,
+		OnDrawn: func(c credits.Milli) { s.met.credits.Add(c.Credits()) },
 	}
 	if disks, ok := rt.(sandbox.Disks); ok {
 		if opts.Storage, err = objects.NewDir(config.StorageDir(cfg.DataDir)); err != nil {
@@ -315,8 +321,8 @@ func (h sessionHooks) Deleted(pk string) {
 
 // bootstrap creates the first organization and owner on an empty data dir,
 // prints the owner token once and writes it to owner.token (0600).
-func bootstrap(ctx context.Context, db *store.DB, dataDir string, out io.Writer) error {
-	p, token, created, err := db.Bootstrap(ctx, "default", "owner")
+func bootstrap(ctx context.Context, db *store.DB, dataDir, plan string, out io.Writer) error {
+	p, token, created, err := db.Bootstrap(ctx, "default", "owner", plan)
 	if err != nil {
 		return fmt.Errorf("bootstrap: %w", err)
 	}

@@ -65,7 +65,7 @@ func realConfig(t testing.TB) *config.Config {
 	cfg.Runsc.Agent = filepath.Join(bin, "sandboxd-agent")
 	cfg.Image.AutoBuild = false
 	// A small size for disk and memory tests.
-	cfg.Sizes.List = append(cfg.Sizes.List, config.Size{Name: "test-tiny", VCPUs: 1, MemoryMiB: 512, DiskMiB: 256, Pids: 512, CreditsPerHour: 1})
+	cfg.Sizes.List = append(cfg.Sizes.List, config.Size{Name: "test-tiny", VCPUs: 1, MemoryMiB: 512, DiskMiB: 256, Pids: 512, CreditsPerHour: 1000})
 	r, err := cfg.ImageRecipe()
 	if err != nil {
 		t.Fatal(err)

@@ -125,7 +125,7 @@ func (h *harness) resumeOK(id string) sandboxObject {
 // saves; the quota refuses a teardown and the sandbox runs on.
 func TestRealStorage(t *testing.T) {
 	cfg := realConfig(t)
-	cfg.Sizes.List = append(cfg.Sizes.List, config.Size{Name: "test-disk", VCPUs: 1, MemoryMiB: 768, DiskMiB: 2048, Pids: 512, CreditsPerHour: 1})
+	cfg.Sizes.List = append(cfg.Sizes.List, config.Size{Name: "test-disk", VCPUs: 1, MemoryMiB: 768, DiskMiB: 2048, Pids: 512, CreditsPerHour: 1000})
 	h := startServer(t, cfg)
 	h.provision("st1", "test-disk")
 	if r := h.exec("st1", map[string]any{"command": "python3 -c \"$S\" && head -c 500M /dev/urandom > /workspace/big.bin && sync",

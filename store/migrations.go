@@ -150,6 +150,46 @@ ALTER TABLE sessions ADD COLUMN saved_generation INTEGER NOT NULL DEFAULT 0;
 	`
 ALTER TABLE sessions ADD COLUMN idle_action TEXT NOT NULL DEFAULT '';
 `,
+	// 7: plans and usage credits, in exact milli-credits. An organization's
+	// plan ('' is the configured default) and the day of the month its
+	// billing periods start (0: the day it was created). usage_runs holds
+	// running time: a run opens when a session starts running and closes
+	// when it stops; end_at of an open run is the last moment the server
+	// saw it alive (the monitor moves it), so a crash charges up to there
+	// and not twice. Runs outlive their session (the organization was
+	// charged). credit_grants are credits operators added to a period.
+	// Operators are users that may change plans and grant credits.
+	`
+ALTER TABLE orgs ADD COLUMN plan TEXT NOT NULL DEFAULT '';
+ALTER TABLE orgs ADD COLUMN anchor_day INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE users ADD COLUMN operator INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE sessions ADD COLUMN credit_rate_milli INTEGER NOT NULL DEFAULT 0;
+UPDATE sessions SET credit_rate_milli = CAST(ROUND(credits_per_hour * 1000) AS INTEGER);
+
+CREATE TABLE usage_runs (
+	id         INTEGER PRIMARY KEY AUTOINCREMENT,
+	org_id     TEXT NOT NULL,
+	session_pk TEXT NOT NULL,
+	session_id TEXT NOT NULL,
+	size       TEXT NOT NULL,
+	rate_milli INTEGER NOT NULL,
+	start_at   INTEGER NOT NULL,
+	end_at     INTEGER NOT NULL,
+	open       INTEGER NOT NULL DEFAULT 1
+);
+CREATE INDEX usage_runs_org_end ON usage_runs(org_id, end_at);
+CREATE UNIQUE INDEX usage_runs_open ON usage_runs(session_pk) WHERE open = 1;
+
+CREATE TABLE credit_grants (
+	id           INTEGER PRIMARY KEY AUTOINCREMENT,
+	org_id       TEXT NOT NULL REFERENCES orgs(id) ON DELETE CASCADE,
+	amount_milli INTEGER NOT NULL,
+	time         INTEGER NOT NULL,
+	granted_by   TEXT NOT NULL,
+	note         TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX credit_grants_org_time ON credit_grants(org_id, time);
+`,
 }
 
 // migrate applies every migration not yet recorded in schema_migrations,

@@ -25,7 +25,7 @@ func TestSealedAtRest(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	p, _, _, err := db.Bootstrap(ctx, "org", "owner")
+	p, _, _, err := db.Bootstrap(ctx, "org", "owner", "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +90,7 @@ func TestRotateKey(t *testing.T) {
 	path := filepath.Join(dir, "sandboxd.db")
 	db, _ := Open(path)
 	ctx := context.Background()
-	p, _, _, _ := db.Bootstrap(ctx, "org", "owner")
+	p, _, _, _ := db.Bootstrap(ctx, "org", "owner", "")
 	k, _ := LoadKeyring(dir, "")
 	db.SetKeyring(k)
 	ses := newTestSession(t, db, p)

@@ -19,14 +19,13 @@ type Session struct {
 	StatusReason                      string // e.g. "oom", "" normally
 	Size, RequestedSize               string
 	VCPUs, MemoryMiB, DiskMiB, Pids   int
-	CreditsPerHour                    float64
+	CreditRate                        int64 // milli-credits per hour of running time
 	GitRepo, GitBranch                string
 	Env                               map[string]string // stored as JSON
 	SecretNames                       []string          // names only, stored as JSON
 	IdleTimeoutSeconds                int
 	IdleAction                        string // what the idle timeout does: "teardown", "pause" ("": the server's default)
 	EgressBytesUsed, EgressBytesLimit int64
-	CreditsUsed                       float64
 	CreatedAt                         time.Time
 	StartedAt, StoppedAt              *time.Time
 	UpdatedAt                         time.Time
@@ -46,8 +45,8 @@ type Saved struct {
 }
 
 const sessionCols = `id, org_id, project_id, session_id, created_by, container_id, status, status_reason,
-	size, requested_size, vcpus, memory_mib, disk_mib, pids, credits_per_hour, git_repo, git_branch,
-	env, secret_names, idle_timeout_seconds, egress_bytes_used, egress_bytes_limit, credits_used,
+	size, requested_size, vcpus, memory_mib, disk_mib, pids, credit_rate_milli, git_repo, git_branch,
+	env, secret_names, idle_timeout_seconds, egress_bytes_used, egress_bytes_limit,
 	created_at, started_at, stopped_at, updated_at,
 	saved_object, saved_bytes, saved_sha256, saved_at, saved_generation, idle_action`
 
@@ -60,8 +59,8 @@ func scanSession(r rowScanner) (Session, error) {
 		savedAt          sql.NullInt64
 	)
 	err := r.Scan(&s.ID, &s.OrgID, &s.ProjectID, &s.SessionID, &s.CreatedBy, &s.ContainerID, &s.Status, &s.StatusReason,
-		&s.Size, &s.RequestedSize, &s.VCPUs, &s.MemoryMiB, &s.DiskMiB, &s.Pids, &s.CreditsPerHour, &s.GitRepo, &s.GitBranch,
-		&env, &secrets, &s.IdleTimeoutSeconds, &s.EgressBytesUsed, &s.EgressBytesLimit, &s.CreditsUsed,
+		&s.Size, &s.RequestedSize, &s.VCPUs, &s.MemoryMiB, &s.DiskMiB, &s.Pids, &s.CreditRate, &s.GitRepo, &s.GitBranch,
+		&env, &secrets, &s.IdleTimeoutSeconds, &s.EgressBytesUsed, &s.EgressBytesLimit,
 		&created, &started, &stopped, &updated,
 		&s.Saved.Object, &s.Saved.Bytes, &s.Saved.SHA256, &savedAt, &s.Saved.Generation, &s.IdleAction)
 	if err != nil {
@@ -116,10 +115,10 @@ func (db *DB) InsertSession(ctx context.Context, s *Session) error {
 	}
 	s.Saved.At = normTimePtr(s.Saved.At)
 	_, err = db.w.ExecContext(ctx, `INSERT INTO sessions(`+sessionCols+`)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		s.ID, s.OrgID, s.ProjectID, s.SessionID, s.CreatedBy, s.ContainerID, s.Status, s.StatusReason,
-		s.Size, s.RequestedSize, s.VCPUs, s.MemoryMiB, s.DiskMiB, s.Pids, s.CreditsPerHour, s.GitRepo, s.GitBranch,
-		env, secrets, s.IdleTimeoutSeconds, s.EgressBytesUsed, s.EgressBytesLimit, s.CreditsUsed,
+		s.Size, s.RequestedSize, s.VCPUs, s.MemoryMiB, s.DiskMiB, s.Pids, s.CreditRate, s.GitRepo, s.GitBranch,
+		env, secrets, s.IdleTimeoutSeconds, s.EgressBytesUsed, s.EgressBytesLimit,
 		ts(s.CreatedAt), nullTS(s.StartedAt), nullTS(s.StoppedAt), ts(s.UpdatedAt),
 		s.Saved.Object, s.Saved.Bytes, s.Saved.SHA256, nullTS(s.Saved.At), s.Saved.Generation, s.IdleAction)
 	if isUnique(err) {
@@ -205,11 +204,11 @@ func (db *DB) UpdateSession(ctx context.Context, s *Session) error {
 	s.StartedAt, s.StoppedAt = normTimePtr(s.StartedAt), normTimePtr(s.StoppedAt)
 	res, err := db.w.ExecContext(ctx, `UPDATE sessions SET
 		container_id = ?, status = ?, status_reason = ?, size = ?, vcpus = ?, memory_mib = ?, disk_mib = ?, pids = ?,
-		credits_per_hour = ?, idle_timeout_seconds = ?, egress_bytes_used = MAX(egress_bytes_used, ?), egress_bytes_limit = ?, credits_used = ?,
+		credit_rate_milli = ?, idle_timeout_seconds = ?, egress_bytes_used = MAX(egress_bytes_used, ?), egress_bytes_limit = ?,
 		started_at = ?, stopped_at = ?, updated_at = ?, git_branch = ?
 		WHERE id = ?`,
 		s.ContainerID, s.Status, s.StatusReason, s.Size, s.VCPUs, s.MemoryMiB, s.DiskMiB, s.Pids,
-		s.CreditsPerHour, s.IdleTimeoutSeconds, s.EgressBytesUsed, s.EgressBytesLimit, s.CreditsUsed,
+		s.CreditRate, s.IdleTimeoutSeconds, s.EgressBytesUsed, s.EgressBytesLimit,
 		nullTS(s.StartedAt), nullTS(s.StoppedAt), ts(s.UpdatedAt), s.GitBranch, s.ID)
 	if err == nil {
 		err = mustAffect(res)

@@ -112,6 +112,9 @@ type Principal struct {
 	Role      string
 	TokenID   string
 	ProjectID string // the org's default project
+	// Operator: the user operates the installation (changes plans, grants
+	// credits), whatever its role in the organization.
+	Operator bool
 }
 
 // DB is the store handle. Create it with Open.
@@ -283,6 +286,11 @@ func isUnique(err error) bool {
 	return se.Code()&0xff == sqlite3.SQLITE_CONSTRAINT && strings.Contains(se.Error(), "UNIQUE")
 }
 
+func isForeignKey(err error) bool {
+	var se *sqlite.Error
+	return errors.As(err, &se) && se.Code() == sqlite3.SQLITE_CONSTRAINT_FOREIGNKEY
+}
+
 func notFound(err error) error {
 	if errors.Is(err, sql.ErrNoRows) {
 		return ErrNotFound
@@ -307,10 +315,11 @@ type rowScanner interface{ Scan(dest ...any) error }
 
 // --- orgs, users, tokens ---
 
-// Bootstrap creates, only when the database has no organization yet, an org,
-// an owner user, a default project and an owner token, in one transaction.
-// It returns created=false and an empty token when an org already exists.
-func (db *DB) Bootstrap(ctx context.Context, orgName, userName string) (p Principal, token string, created bool, err error) {
+// Bootstrap creates, only when the database has no organization yet, an org
+// on plan, an owner user who operates the installation, a default project
+// and an owner token, in one transaction. It returns created=false and an
+// empty token when an org already exists.
+func (db *DB) Bootstrap(ctx context.Context, orgName, userName, plan string) (p Principal, token string, created bool, err error) {
 	err = db.withTx(ctx, func(tx *sql.Tx) error {
 		var n int
 		if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM orgs`).Scan(&n); err != nil {
@@ -319,9 +328,17 @@ func (db *DB) Bootstrap(ctx context.Context, orgName, userName string) (p Princi
 		if n > 0 {
 			return nil
 		}
-		p, token, err = db.createOrg(ctx, tx, orgName, userName)
-		created = err == nil
-		return err
+		if p, token, err = db.createOrg(ctx, tx, orgName, userName); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE orgs SET plan = ? WHERE id = ?`, plan, p.Org.ID); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE users SET operator = 1 WHERE id = ?`, p.User.ID); err != nil {
+			return err
+		}
+		p.Operator, created = true, true
+		return nil
 	})
 	if err != nil {
 		return Principal{}, "", false, fmt.Errorf("store: bootstrap: %w", err)
@@ -393,14 +410,14 @@ func (db *DB) Authenticate(ctx context.Context, token string) (Principal, error)
 		project  sql.NullString
 	)
 	err := db.r.QueryRowContext(ctx, `
-		SELECT t.id, t.last_used_at, o.id, o.name, o.created_at, u.id, u.name, u.created_at, m.role, p.id
+		SELECT t.id, t.last_used_at, o.id, o.name, o.created_at, u.id, u.name, u.created_at, m.role, p.id, u.operator
 		FROM tokens t
 		JOIN orgs o ON o.id = t.org_id
 		JOIN users u ON u.id = t.user_id
 		JOIN memberships m ON m.org_id = t.org_id AND m.user_id = t.user_id
 		LEFT JOIN projects p ON p.org_id = t.org_id AND p.is_default = 1
 		WHERE t.hash = ? AND t.revoked_at IS NULL`, hashSecret(token)).Scan(
-		&p.TokenID, &lastUsed, &p.Org.ID, &p.Org.Name, &orgAt, &p.User.ID, &p.User.Name, &userAt, &p.Role, &project)
+		&p.TokenID, &lastUsed, &p.Org.ID, &p.Org.Name, &orgAt, &p.User.ID, &p.User.Name, &userAt, &p.Role, &project, &p.Operator)
 	if err != nil {
 		return Principal{}, fmt.Errorf("store: authenticate: %w", notFound(err))
 	}

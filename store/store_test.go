@@ -39,7 +39,7 @@ func TestBootstrapAndAuth(t *testing.T) {
 	ctx := context.Background()
 	db, path := openTest(t)
 
-	p, tok, created, err := db.Bootstrap(ctx, "acme", "alice")
+	p, tok, created, err := db.Bootstrap(ctx, "acme", "alice", "")
 	if err != nil || !created || tok == "" {
 		t.Fatalf("Bootstrap = %v, %q, %v, %v", p, tok, created, err)
 	}
@@ -53,7 +53,7 @@ func TestBootstrapAndAuth(t *testing.T) {
 		t.Fatalf("role %q", p.Role)
 	}
 
-	p2, tok2, created2, err := db.Bootstrap(ctx, "other", "bob")
+	p2, tok2, created2, err := db.Bootstrap(ctx, "other", "bob", "")
 	if err != nil || created2 || tok2 != "" || p2.Org.ID != "" {
 		t.Fatalf("second Bootstrap = %+v, %q, %v, %v", p2, tok2, created2, err)
 	}
@@ -168,7 +168,7 @@ func TestAuthenticateTouchesOncePerMinute(t *testing.T) {
 func TestCreateOrgIndependent(t *testing.T) {
 	ctx := context.Background()
 	db, _ := openTest(t)
-	a, tokA, _, err := db.Bootstrap(ctx, "a", "alice")
+	a, tokA, _, err := db.Bootstrap(ctx, "a", "alice", "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -361,7 +361,7 @@ func TestUpdateSessionRoundTrip(t *testing.T) {
 	p, _, _ := db.CreateOrg(ctx, "a", "u")
 	s := newSession(p, "rt")
 	s.RequestedSize, s.VCPUs, s.MemoryMiB, s.DiskMiB, s.Pids = "medium", 2, 2048, 10240, 512
-	s.CreditsPerHour = 1.5
+	s.CreditRate = 1500
 	s.GitRepo, s.GitBranch = "https://example.com/r.git", "main"
 	s.Env = map[string]string{"A": "1", "B": "two words"}
 	s.SecretNames = []string{"GH_TOKEN", "NPM"}
@@ -383,7 +383,7 @@ func TestUpdateSessionRoundTrip(t *testing.T) {
 
 	started := time.Date(2030, 1, 1, 0, 0, 0, 123456789, time.FixedZone("x", 3600))
 	s.Status, s.ContainerID, s.StartedAt = StatusRunning, "ctr-1", &started
-	s.EgressBytesUsed, s.CreditsUsed = 12345, 0.25
+	s.EgressBytesUsed = 12345
 	if err := db.UpdateSession(ctx, s); err != nil {
 		t.Fatal(err)
 	}
@@ -599,7 +599,7 @@ func TestMigrationsIdempotent(t *testing.T) {
 		if err := db.w.QueryRow(`PRAGMA foreign_keys`).Scan(&fk); err != nil || fk != 1 {
 			t.Fatalf("foreign_keys = %d, %v", fk, err)
 		}
-		p, _, created, err := db.Bootstrap(ctx, "acme", "alice")
+		p, _, created, err := db.Bootstrap(ctx, "acme", "alice", "")
 		if err != nil {
 			t.Fatal(err)
 		}

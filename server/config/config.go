@@ -22,6 +22,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"time"
 
 	"gopkg.in/yaml.v3"
 
@@ -70,9 +71,21 @@ type Config struct {
 		ConfigFile string `yaml:"configFile"`
 	} `yaml:"sizes"`
 
+	PlansOptions struct {
+		// Plan table file (configs/plans.yaml's format); empty means the
+		// built-in one.
+		ConfigFile string `yaml:"configFile"`
+	} `yaml:"plans"`
+
 	// Sizes is the size table, loaded from sizes.configFile or the
 	// built-in configs/sizes.yaml.
 	Sizes Sizes `yaml:"-"`
+	// Plans is the plan table, loaded from plans.configFile or the
+	// built-in configs/plans.yaml.
+	Plans Plans `yaml:"-"`
+	// Clock replaces the server's clock for credits, idle timeouts and
+	// lifecycle times (tests); nil means time.Now().UTC().
+	Clock func() time.Time `yaml:"-"`
 	// Egress is the egress allowlist and dialer policy, loaded from
 	// egress.configFile or the built-in configs/egress.yaml.
 	Egress *egress.Config `yaml:"-"`
@@ -240,6 +253,20 @@ func Load(flags Overrides) (*Config, error) {
 		if c.Sizes, err = ParseSizes(sz); err != nil {
 			return nil, fmt.Errorf("built-in sizes: %w", err)
 		}
+	}
+	plans, err := configs.FS.ReadFile("plans.yaml")
+	if err != nil {
+		return nil, err
+	}
+	what := "built-in plans"
+	if c.PlansOptions.ConfigFile != "" {
+		if plans, err = os.ReadFile(c.PlansOptions.ConfigFile); err != nil {
+			return nil, fmt.Errorf("plans config: %w", err)
+		}
+		what = "plans config " + c.PlansOptions.ConfigFile
+	}
+	if c.Plans, err = ParsePlans(plans, c.Sizes); err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	if c.EgressOptions.ConfigFile != "" {
 		b, err := os.ReadFile(c.EgressOptions.ConfigFile)

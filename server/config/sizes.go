@@ -2,19 +2,20 @@ package config
 
 import (
 	"fmt"
-	"math"
 	"sort"
+
+	"sandboxd/server/credits"
 )
 
 // Size is one named sandbox size (configs/sizes.yaml).
 type Size struct {
-	Name           string  `yaml:"name"`
-	VCPUs          int     `yaml:"vcpus"`
-	MemoryMiB      int     `yaml:"memoryMiB"`
-	DiskMiB        int     `yaml:"diskMiB"`
-	Pids           int     `yaml:"pids"`
-	CreditsPerHour float64 `yaml:"creditsPerHour"`
-	EgressMiB      int64   `yaml:"egressMiB"` // egress quota, both directions
+	Name           string        `yaml:"name"`
+	VCPUs          int           `yaml:"vcpus"`
+	MemoryMiB      int           `yaml:"memoryMiB"`
+	DiskMiB        int           `yaml:"diskMiB"`
+	Pids           int           `yaml:"pids"`
+	CreditsPerHour credits.Milli `yaml:"creditsPerHour"` // milli-credits per hour of running time
+	EgressMiB      int64         `yaml:"egressMiB"`      // egress quota, both directions
 }
 
 // EgressBytes is the size's egress quota in bytes.
@@ -47,8 +48,8 @@ func ParseSizes(b []byte) (Sizes, error) {
 		}
 		seen[z.Name] = true
 		if z.VCPUs < 1 || z.MemoryMiB < 256 || z.DiskMiB < 256 || z.Pids < 128 ||
-			!(z.CreditsPerHour >= 0) || math.IsInf(z.CreditsPerHour, 1) || z.EgressMiB < 0 || z.EgressMiB > maxEgressMiB {
-			return s, fmt.Errorf("size %q: limits out of range (vcpus >= 1, memoryMiB >= 256, diskMiB >= 256, pids >= 128, creditsPerHour >= 0, 0 <= egressMiB <= %d)", z.Name, int64(maxEgressMiB))
+			z.CreditsPerHour < 0 || z.CreditsPerHour > credits.MaxRate || z.EgressMiB < 0 || z.EgressMiB > maxEgressMiB {
+			return s, fmt.Errorf("size %q: limits out of range (vcpus >= 1, memoryMiB >= 256, diskMiB >= 256, pids >= 128, 0 <= creditsPerHour <= 1000000, 0 <= egressMiB <= %d)", z.Name, int64(maxEgressMiB))
 		}
 	}
 	if s.Default == "" {

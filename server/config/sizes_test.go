@@ -51,7 +51,7 @@ func TestSizesEmbedded(t *testing.T) {
 		}
 	}
 	z, _ := s.Resolve("small")
-	if z.VCPUs != 2 || z.MemoryMiB != 2048 || z.DiskMiB != 16384 || z.Pids != 1024 || z.CreditsPerHour != 2 {
+	if z.VCPUs != 2 || z.MemoryMiB != 2048 || z.DiskMiB != 16384 || z.Pids != 1024 || z.CreditsPerHour != 2000 {
 		t.Errorf("standard-2 = %+v", z)
 	}
 	names := s.Names()
@@ -112,7 +112,8 @@ func TestSizesConfigFileErrors(t *testing.T) {
 		"legacy shadows":    {customSizes + "  big: basic\n", `legacy size "big" shadows`},
 		"negative egress":   {strings.Replace(customSizes, "egressMiB: 64", "egressMiB: -1", 1), `size "basic": limits out of range`},
 		"huge egress":       {strings.Replace(customSizes, "egressMiB: 64", "egressMiB: 9223372036854775807", 1), `size "basic": limits out of range`},
-		"nan credits":       {strings.Replace(customSizes, "creditsPerHour: 0.5", "creditsPerHour: .nan", 1), `size "basic": limits out of range`},
+		"nan credits":       {strings.Replace(customSizes, "creditsPerHour: 0.5", "creditsPerHour: .nan", 1), `want a number of credits`},
+		"4 decimals":        {strings.Replace(customSizes, "creditsPerHour: 0.5", "creditsPerHour: 0.0001", 1), `at most 3 decimals`},
 		"repeated name":     {strings.Replace(customSizes, "name: big", "name: basic", 1), "repeated name"},
 		"empty file":        {"", "no sizes defined"},
 		"not yaml":          {"sizes: [\n", "yaml"},

@@ -17,6 +17,7 @@ import (
 var (
 	ErrInvalid         = errors.New("invalid")              // the request is wrong (400)
 	ErrUnauthenticated = errors.New("unauthenticated")      // no valid credential (401)
+	ErrNoCredits       = errors.New("insufficient credits") // the organization's credits do not cover it (402)
 	ErrForbidden       = errors.New("forbidden")            // the role may not (403)
 	ErrNotFound        = errors.New("not found")            // no such thing, or another organization's (404)
 	ErrMethod          = errors.New("method not allowed")   // 405
@@ -36,6 +37,8 @@ type Error struct {
 	code  string // contract code when more specific than the class's
 	msg   string
 	cause error // logged by the edge, never shown
+	// details are public facts a client can act on (the numbers of a 402).
+	details map[string]any
 }
 
 func (e *Error) Error() string {
@@ -72,6 +75,16 @@ func (e *Error) WithCode(code string) *Error {
 	c.code = code
 	return &c
 }
+
+// WithDetails returns a copy with public details for the error body.
+func (e *Error) WithDetails(d map[string]any) *Error {
+	c := *e
+	c.details = d
+	return &c
+}
+
+// Details are the public details (nil: none).
+func (e *Error) Details() map[string]any { return e.details }
 
 // WithCause returns a copy that records cause for the log.
 func (e *Error) WithCause(cause error) *Error {

@@ -79,7 +79,7 @@ func newGitMgrEnv(t *testing.T) (*env, *recEgress) {
 		t.Fatal(err)
 	}
 	db.SetKeyring(keys)
-	p, _, _, err := db.Bootstrap(context.Background(), "default", "owner")
+	p, _, _, err := db.Bootstrap(context.Background(), "default", "owner", "")
 	if err != nil {
 		t.Fatal(err)
 	}

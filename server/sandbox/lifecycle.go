@@ -54,24 +54,6 @@ func CanTransition(from, to string) bool {
 var Statuses = []string{store.StatusProvisioning, store.StatusRunning, store.StatusPaused,
 	store.StatusStopping, store.StatusStopped, store.StatusFailed}
 
-// Credits drawn by a run that started at StartedAt and ends at end.
-func Credits(ses *store.Session, end time.Time) float64 {
-	if ses.StartedAt == nil || end.Before(*ses.StartedAt) {
-		return 0
-	}
-	return end.Sub(*ses.StartedAt).Hours() * ses.CreditsPerHour
-}
-
-// CreditsUsed is what a session has drawn by now: its stopped runs and,
-// while it runs, the current one.
-func CreditsUsed(ses *store.Session, now time.Time) float64 {
-	used := ses.CreditsUsed
-	if ses.Status == store.StatusRunning && ses.StoppedAt == nil {
-		used += Credits(ses, now)
-	}
-	return used
-}
-
 // Limits converts a size to the driver's limits.
 func Limits(z config.Size) runsc.Limits {
 	return runsc.Limits{
@@ -190,7 +172,7 @@ func (m *Manager) Provision(ctx context.Context, p store.Principal, spec Spec) (
 		OrgID: p.Org.ID, ProjectID: project, SessionID: spec.SessionID, CreatedBy: p.User.ID,
 		ContainerID: m.rt.ContainerID(p.Org.ID, spec.SessionID), Status: store.StatusProvisioning,
 		Size: z.Name, RequestedSize: spec.RequestedSize, VCPUs: z.VCPUs, MemoryMiB: z.MemoryMiB,
-		DiskMiB: z.DiskMiB, Pids: z.Pids, CreditsPerHour: z.CreditsPerHour, EgressBytesLimit: z.EgressBytes(),
+		DiskMiB: z.DiskMiB, Pids: z.Pids, CreditRate: int64(z.CreditsPerHour), EgressBytesLimit: z.EgressBytes(),
 		GitRepo: spec.GitRepo, GitBranch: spec.GitBranch, Env: spec.Env, SecretNames: names,
 		IdleTimeoutSeconds: spec.IdleTimeoutSeconds, IdleAction: spec.IdleAction,
 	}
@@ -204,10 +186,15 @@ func (m *Manager) Provision(ctx context.Context, p store.Principal, spec Spec) (
 		undo.run()
 		return store.Session{}, err
 	}
+	pl, err := m.admit(ctx, ses.OrgID, z)
+	if err != nil {
+		return fail(err)
+	}
+	ses.EgressBytesLimit = egressCap(pl, ses.EgressBytesLimit)
 	if err := m.checkDisk(); err != nil {
 		return fail(err)
 	}
-	if err := m.reserve(ses.OrgID, ses.MemoryMiB); err != nil {
+	if err := m.reserve(ses.OrgID, ses.MemoryMiB, pl); err != nil {
 		return fail(err)
 	}
 	undo.push(func() { m.release(ses.OrgID, ses.MemoryMiB) })
@@ -272,7 +259,7 @@ func (m *Manager) Resume(ctx context.Context, orgID, sessionID string) (_ store.
 		}
 	case store.StatusStopped:
 	case store.StatusPaused:
-		if err := m.resumePausedLocked(ctx, ses); err != nil {
+		if err := m.resumePausedLocked(ctx, ses, true); err != nil {
 			return store.Session{}, err
 		}
 		return *ses, nil
@@ -285,10 +272,14 @@ func (m *Manager) Resume(ctx context.Context, orgID, sessionID string) (_ store.
 			undo.run()
 		}
 	}()
+	pl, err := m.admit(ctx, ses.OrgID, m.rated(ses))
+	if err != nil {
+		return store.Session{}, err
+	}
 	if err := m.checkDisk(); err != nil {
 		return store.Session{}, err
 	}
-	if err := m.reserve(ses.OrgID, ses.MemoryMiB); err != nil {
+	if err := m.reserve(ses.OrgID, ses.MemoryMiB, pl); err != nil {
 		return store.Session{}, err
 	}
 	undo.push(func() { m.release(ses.OrgID, ses.MemoryMiB) })
@@ -333,11 +324,13 @@ func (m *Manager) checkDisk() error {
 }
 
 // reserve takes capacity for a new sandbox: a slot on the server and in
-// its organization, and its size's memory.
-func (m *Manager) reserve(org string, memMiB int) error {
+// its organization (within its plan's concurrency), and its size's memory.
+func (m *Manager) reserve(org string, memMiB int, pl config.Plan) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	switch {
+	case pl.MaxConcurrent > 0 && m.perOrg[org] >= pl.MaxConcurrent:
+		return errdefs.RateLimited("your organization runs %d sandboxes, the most the %s plan allows at once; tear one down or pause it first", m.perOrg[org], pl.Name)
 	case m.live >= m.lim.MaxSandboxes:
 		return errdefs.Unavailable("this server runs its maximum of %d sandboxes; retry later", m.lim.MaxSandboxes)
 	case m.perOrg[org] >= m.lim.MaxSandboxesPerOrg:
@@ -373,8 +366,15 @@ func (m *Manager) release(org string, memMiB int) {
 	m.memUsed = max(m.memUsed-memMiB, 0)
 }
 
-// setStatusLocked moves a session along the state machine and persists it.
+// setStatusLocked moves a session along the state machine, persists it
+// and meters its running time.
 func (m *Manager) setStatusLocked(ctx context.Context, ses *store.Session, to, reason string) error {
+	return m.setStatus(ctx, ses, to, reason, false)
+}
+
+// setStatus is setStatusLocked; dead says the sandbox was found gone, so
+// its running time ends where the monitor last saw it alive.
+func (m *Manager) setStatus(ctx context.Context, ses *store.Session, to, reason string, dead bool) error {
 	if ses.Status != to && !CanTransition(ses.Status, to) {
 		return fmt.Errorf("session %s: illegal transition %s -> %s", ses.ID, ses.Status, to)
 	}
@@ -385,11 +385,20 @@ func (m *Manager) setStatusLocked(ctx context.Context, ses *store.Session, to, r
 	case store.StatusStopped, store.StatusFailed, store.StatusPaused:
 		if ses.StoppedAt == nil {
 			ses.StoppedAt = &now
-			ses.CreditsUsed += Credits(ses, now)
 		}
 	}
+	from := ses.Status
 	ses.Status, ses.StatusReason = to, reason
-	return m.db.UpdateSession(ctx, ses)
+	if err := m.db.UpdateSession(ctx, ses); err != nil {
+		return err
+	}
+	// After the status: a crash between the two is what Reconcile mends
+	// (a running session with no open run is adopted with one; a stopped
+	// one's open run closes at its last sighting).
+	if from != to {
+		m.meterLocked(ctx, ses, from, to, now, dead)
+	}
+	return nil
 }
 
 // startLocked creates and starts a provisioning session's sandbox, pushing
@@ -492,7 +501,7 @@ func (m *Manager) stopSessionLocked(ctx context.Context, ses *store.Session, sav
 		// torn down as a running one (push, save). If it cannot be, the
 		// session stays paused with its memory and the teardown can be retried.
 		m.log.Info("teardown of a paused paired session: restoring it to push", "session", ses.SessionID)
-		if err := m.resumePausedLocked(ctx, ses); err != nil {
+		if err := m.resumePausedLocked(ctx, ses, false); err != nil {
 			m.log.Error("restore for the push", "session", ses.SessionID, "err", err)
 			if ses.Status == store.StatusPaused {
 				if pe, ok := errdefs.Public(err); ok && errors.Is(err, errdefs.ErrUnavailable) {
@@ -631,7 +640,11 @@ func (m *Manager) Delete(ctx context.Context, orgID, sessionID string) error {
 		}
 		now := m.now()
 		ses.StoppedAt = &now
-		ses.CreditsUsed += Credits(ses, now)
+		drawn, err := m.closeRun(dctx, ses.ID, &now)
+		if err != nil {
+			m.log.Error("meter", "session", ses.SessionID, "err", err)
+		}
+		m.drawn(ses.OrgID, drawn)
 	}
 	ses.Status = store.StatusDeleted
 	m.scrub.forget(ses.ID)
@@ -658,7 +671,7 @@ func (m *Manager) markDeadLocked(ctx context.Context, ses *store.Session, reason
 	m.stopEgress(ses)
 	dctx, cancel := detached(ctx)
 	defer cancel()
-	if err := m.setStatusLocked(dctx, ses, store.StatusFailed, reason); err != nil {
+	if err := m.setStatus(dctx, ses, store.StatusFailed, reason, true); err != nil {
 		m.log.Error("mark failed", "session", ses.SessionID, "err", err)
 		return
 	}
@@ -714,6 +727,11 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Running time while the server was down is not charged: every run
+	// ends where it was last seen, and what still runs starts a new one.
+	if _, err := m.db.CloseAllRuns(ctx); err != nil {
+		return err
+	}
 	keep := map[string]bool{}
 	for i := range sessions {
 		ses := &sessions[i]
@@ -744,6 +762,9 @@ func (m *Manager) reconcileOne(ctx context.Context, ses *store.Session, st runsc
 	adopt := func() {
 		keep[ses.ContainerID] = true
 		m.account(ses)
+		if ses.Status == store.StatusRunning {
+			logErr("meter", m.openRun(ctx, ses, m.now()))
+		}
 		logErr("wake agent", m.rt.Wake(ses.ContainerID))
 		m.hooks.Started(ses)
 		m.Scrubber(ses.ID) // as in a start
@@ -850,7 +871,11 @@ func (m *Manager) sweep() {
 		m.log.Warn("monitor: list sessions", "err", err)
 		return
 	}
+	var alive []*store.Session
 	for i := range sessions {
+		if sessions[i].Status == store.StatusStopping {
+			alive = append(alive, &sessions[i]) // saving: still drawing
+		}
 		if sessions[i].Status != store.StatusRunning {
 			continue
 		}
@@ -858,24 +883,32 @@ func (m *Manager) sweep() {
 		// up to minutes) waits for the next round, not the others.
 		unlock, ok := m.tryLock(sessions[i].ID)
 		if !ok {
+			alive = append(alive, &sessions[i]) // busy, so still there
 			continue
 		}
-		idle := m.sweepOneLocked(ctx, sessions[i].ID)
+		cur, idle := m.sweepOneLocked(ctx, sessions[i].ID)
 		unlock()
+		if cur != nil {
+			alive = append(alive, cur)
+		}
 		if idle {
-			m.idleAsync(sessions[i].ID)
+			m.actAsync(sessions[i].ID, m.idleActLocked)
 		}
 	}
+	m.seeRuns(ctx, alive)
+	m.enforceCredits(ctx)
 }
 
-// maxIdleActions bounds the idle teardowns and pauses running at once.
+// maxIdleActions bounds the monitor's teardowns and pauses running at once.
 const maxIdleActions = 2
 
-// idleAsync tears down or pauses an idle session off the monitor's
-// goroutine: a save or checkpoint may take long, and the sweep must go on
-// noticing deaths and counting egress for everyone else. One action per
-// session at a time; the Manager's Close cancels and waits for them.
-func (m *Manager) idleAsync(pk string) {
+// actAsync runs the monitor's action on a session (an idle teardown or
+// pause, a teardown for exhausted credits) off the monitor's goroutine,
+// holding the session's lock: a save or checkpoint may take long, and the
+// sweep must go on noticing deaths and counting egress for everyone else.
+// One action per session at a time; the Manager's Close cancels and waits
+// for them.
+func (m *Manager) actAsync(pk string, act func(ctx context.Context, pk string)) {
 	m.mu.Lock()
 	if m.idleBusy == nil {
 		m.idleBusy = map[string]bool{}
@@ -907,24 +940,25 @@ func (m *Manager) idleAsync(pk string) {
 		}()
 		unlock := m.lock(pk)
 		defer unlock()
-		m.idleActLocked(ctx, pk)
+		act(ctx, pk)
 	}()
 }
 
-// sweepOneLocked checks a live session and says whether it is idle past
-// its timeout (its action runs in idleAsync).
-func (m *Manager) sweepOneLocked(ctx context.Context, pk string) (idle bool) {
+// sweepOneLocked checks a live session: it returns the session if it runs
+// and says whether it is idle past its timeout (its action runs in
+// actAsync).
+func (m *Manager) sweepOneLocked(ctx context.Context, pk string) (alive *store.Session, idle bool) {
 	// Re-read under the lock: the session may have moved on.
 	cur, err := m.db.GetSessionByID(ctx, pk)
 	if err != nil {
-		return false
+		return nil, false
 	}
 	m.checkAliveLocked(ctx, &cur)
 	if cur.Status != store.StatusRunning {
-		return false
+		return nil, false
 	}
 	m.persistEgress(ctx, &cur)
-	return m.idle(&cur, m.now())
+	return &cur, m.idle(&cur, m.now())
 }
 
 // idleActLocked pauses or tears down a session still idle past its
@@ -934,7 +968,7 @@ func (m *Manager) idleActLocked(ctx context.Context, pk string) {
 	if err != nil || cur.Status != store.StatusRunning || !m.idle(&cur, m.now()) {
 		return
 	}
-	if m.IdleAction(&cur) == config.IdlePause {
+	if m.IdleAction(&cur) == config.IdlePause && m.mayPause(ctx, cur.OrgID) == nil {
 		m.idlePauseLocked(ctx, &cur)
 		return
 	}

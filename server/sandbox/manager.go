@@ -2,7 +2,8 @@
 // lifecycle state machine (lifecycle.go), the per-session locks, the
 // server's capacity, provisioning, resuming, teardown, delete and the
 // marking of dead sandboxes with one undo stack, reconciliation at start,
-// the monitor (dead sandboxes, idle timeouts, egress usage), admission of
+// the monitor (dead sandboxes, idle timeouts, egress usage, running time
+// and exhausted credits), plans and credits (credits.go), admission of
 // commands and the idle activity they count as, the sessions' egress
 // listeners and scrubbers, and usage credits as pure functions of time.
 //
@@ -37,6 +38,7 @@ import (
 	"sandboxd/egress"
 	"sandboxd/runsc"
 	"sandboxd/server/config"
+	"sandboxd/server/credits"
 	"sandboxd/store"
 	"sandboxd/streams/scrub"
 )
@@ -77,6 +79,16 @@ type Store interface {
 	GetProject(ctx context.Context, orgID, projectID string) (store.Project, error)
 	GitToken(ctx context.Context, userID string) (string, error)
 	Audit(rec store.AuditRecord)
+	// Plans and running time (credits.go).
+	GetOrg(ctx context.Context, orgID string) (store.Org, store.OrgPlan, error)
+	Granted(ctx context.Context, orgID string, from, to time.Time) (int64, error)
+	Runs(ctx context.Context, orgID string, from, to time.Time) ([]store.Run, error)
+	SessionRuns(ctx context.Context, orgID, sessionPK string) ([]store.Run, error)
+	OpenRun(ctx context.Context, s *store.Session, t time.Time) error
+	CloseRun(ctx context.Context, sessionPK string, end *time.Time) error
+	CloseAllRuns(ctx context.Context) (int64, error)
+	SeeRuns(ctx context.Context, sessionPKs []string, t time.Time) error
+	OrgsWithOpenRuns(ctx context.Context) ([]string, error)
 }
 
 // Egress is what the Manager needs from the egress proxy (egress.Proxy):
@@ -138,6 +150,12 @@ type Options struct {
 	Storage      Storage
 	Disks        Disks
 	StorageQuota int64
+	// Plans and Sizes enforce plans and credits (credits.go); an empty
+	// plan table enforces nothing.
+	Plans config.Plans
+	Sizes config.Sizes
+	// OnDrawn receives credits as running sessions draw them (metrics).
+	OnDrawn func(credits.Milli)
 }
 
 // Manager owns the lifecycle of sessions.
@@ -160,6 +178,10 @@ type Manager struct {
 	disks   Disks
 	quota   int64
 
+	plans   config.Plans
+	sizes   config.Sizes
+	onDrawn func(credits.Milli)
+
 	mu    sync.Mutex
 	locks map[string]*sessionLock // by pk; dropped when unused
 	// live counts sandboxes provisioning or running; perOrg and memUsed
@@ -169,12 +191,13 @@ type Manager struct {
 	memUsed  int
 	memMax   int
 	activity map[string]*activity   // by pk: commands running, last use
-	idleBusy map[string]bool        // by pk: an idle teardown or pause in progress (idleAsync)
+	idleBusy map[string]bool        // by pk: a monitor's action in progress (actAsync)
 	orgSaves map[string]*sync.Mutex // by org: held while one of its sessions saves
+	seen     map[string]sighting    // by pk: when the monitor last saw a running session (credits.go)
 
 	done chan struct{}
 	wg   sync.WaitGroup
-	// idleWG counts idleAsync's actions (tests wait for them).
+	// idleWG counts actAsync's actions (tests wait for them).
 	idleWG sync.WaitGroup
 }
 
@@ -184,7 +207,8 @@ func New(o Options) *Manager {
 		policy: o.Policy, events: o.Events, hooks: o.Hooks, log: o.Log, now: o.Now, git: o.Git,
 		scrub: &scrubbers{base: o.Rules}, locks: map[string]*sessionLock{}, perOrg: map[string]int{},
 		activity: map[string]*activity{}, done: make(chan struct{}),
-		storage: o.Storage, disks: o.Disks, quota: o.StorageQuota, orgSaves: map[string]*sync.Mutex{}}
+		storage: o.Storage, disks: o.Disks, quota: o.StorageQuota, orgSaves: map[string]*sync.Mutex{},
+		plans: o.Plans, sizes: o.Sizes, onDrawn: o.OnDrawn, seen: map[string]sighting{}}
 	if m.now == nil {
 		m.now = func() time.Time { return time.Now().UTC() }
 	}

@@ -79,7 +79,7 @@ func newEnv(t *testing.T, tweak ...func(*config.Config)) *env {
 		t.Fatal(err)
 	}
 	db.SetKeyring(keys)
-	p, _, _, err := db.Bootstrap(context.Background(), "default", "owner")
+	p, _, _, err := db.Bootstrap(context.Background(), "default", "owner", "")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -83,7 +83,7 @@ func (m *Manager) keepImageLocked(ctx context.Context, ses *store.Session, dir s
 	mu := m.orgSaveLock(ses.OrgID)
 	mu.Lock()
 	defer mu.Unlock()
-	if m.quota > 0 {
+	if quota := m.storageQuota(ctx, ses.OrgID); quota > 0 {
 		used, err := m.pausedImagesBytes(ctx, ses.OrgID, ses.ID)
 		if err != nil {
 			return err
@@ -97,11 +97,11 @@ func (m *Manager) keepImageLocked(ctx context.Context, ses *store.Session, dir s
 				used += o.Size
 			}
 		}
-		if used+size > m.quota {
+		if used+size > quota {
 			m.events.Event(ses.ID, "pause_failed", map[string]any{"reason": "quota", "imageBytes": size})
 			return errdefs.NoSpace("pausing this session needs %d MiB for its memory image, which would pass your organization's storage quota "+
 				"(%d MiB; %d MiB used by saves and paused sessions); the session keeps running: delete sessions you no longer need, or tear it down instead",
-				(size+1<<20-1)>>20, m.quota>>20, used>>20)
+				(size+1<<20-1)>>20, quota>>20, used>>20)
 		}
 	}
 	f, err := os.OpenFile(filepath.Join(dir, imageMarker), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
@@ -140,6 +140,9 @@ func (m *Manager) Pause(ctx context.Context, orgID, sessionID string) (store.Ses
 	case store.StatusRunning:
 	default:
 		return store.Session{}, errdefs.Conflict("session is %s; only a running session can be paused", ses.Status)
+	}
+	if err := m.mayPause(ctx, orgID); err != nil {
+		return store.Session{}, err
 	}
 	return *ses, m.pauseLocked(ctx, ses, "")
 }
@@ -188,7 +191,9 @@ func (m *Manager) pauseLocked(ctx context.Context, ses *store.Session, by string
 // resumePausedLocked restores a paused session from its checkpoint. If
 // the image cannot be restored, the sandbox starts cold on its disk (as
 // after a teardown) and an event says so.
-func (m *Manager) resumePausedLocked(ctx context.Context, ses *store.Session) (err error) {
+// A teardown's restore (to push a paired branch) is not a start the plan
+// admits (admit false): it ends in a teardown.
+func (m *Manager) resumePausedLocked(ctx context.Context, ses *store.Session, admit bool) (err error) {
 	var undo undoStack
 	defer func() {
 		if err != nil {
@@ -198,7 +203,13 @@ func (m *Manager) resumePausedLocked(ctx context.Context, ses *store.Session) (e
 	if err := m.checkDisk(); err != nil {
 		return err
 	}
-	if err := m.reserve(ses.OrgID, ses.MemoryMiB); err != nil {
+	var pl config.Plan
+	if admit {
+		if pl, err = m.admit(ctx, ses.OrgID, m.rated(ses)); err != nil {
+			return err
+		}
+	}
+	if err := m.reserve(ses.OrgID, ses.MemoryMiB, pl); err != nil {
 		return err
 	}
 	undo.push(func() { m.release(ses.OrgID, ses.MemoryMiB) })

@@ -40,7 +40,7 @@ func TestPauseResume(t *testing.T) {
 	if err != nil || p.Status != store.StatusPaused {
 		t.Fatalf("pause: %+v %v", p, err)
 	}
-	credits := CreditsUsed(&p, e.clock())
+	credits, _ := e.m.SessionCredits(ctx, &p)
 	if credits <= 0 {
 		t.Fatalf("credits of the hour run: %v", credits)
 	}
@@ -53,7 +53,7 @@ func TestPauseResume(t *testing.T) {
 	// Credits stop, capacity is free, commands are refused.
 	e.advance(time.Hour)
 	p, _ = e.m.Get(ctx, org, "p1")
-	if CreditsUsed(&p, e.clock()) != credits {
+	if c, _ := e.m.SessionCredits(ctx, &p); c != credits {
 		t.Fatal("credits grew while paused")
 	}
 	if _, err := e.m.Command(ctx, p, Admit{NotRunning: "resume it first"}); !errors.Is(err, errdefs.ErrConflict) {

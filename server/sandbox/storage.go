@@ -167,7 +167,8 @@ func (m *Manager) saveLocked(ctx context.Context, ses *store.Session, live bool)
 	defer mu.Unlock()
 	left := int64(-1)
 	var others int64
-	if m.quota > 0 {
+	quota := m.storageQuota(ctx, ses.OrgID)
+	if quota > 0 {
 		list, err := m.storage.List(ctx, ses.OrgID, "")
 		if err != nil {
 			return archive.Stats{}, fmt.Errorf("list storage: %w", err)
@@ -182,7 +183,7 @@ func (m *Manager) saveLocked(ctx context.Context, ses *store.Session, live bool)
 			return archive.Stats{}, err
 		}
 		others += images
-		left = max(m.quota-others, 0)
+		left = max(quota-others, 0)
 	}
 	gen := ses.Saved.Generation + 1
 	name := objectName(ses.ID, gen)
@@ -204,7 +205,7 @@ func (m *Manager) saveLocked(ctx context.Context, ses *store.Session, live bool)
 	if errors.Is(err, errQuota) {
 		m.events.Event(ses.ID, "save_failed", map[string]any{"reason": "quota"})
 		return st, errdefs.NoSpace("saving this session would pass your organization's storage quota (%d MiB; %d MiB used by other sessions' saves); "+
-			"the session keeps its data: delete sessions you no longer need and retry the teardown", m.quota>>20, others>>20)
+			"the session keeps its data: delete sessions you no longer need and retry the teardown", quota>>20, others>>20)
 	}
 	if err != nil {
 		m.events.Event(ses.ID, "save_failed", nil)

@@ -54,7 +54,7 @@ func TestLogEventsPersisted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, _, _, err := db.Bootstrap(ctx, "default", "owner")
+	p, _, _, err := db.Bootstrap(ctx, "default", "owner", "")
 	if err != nil {
 		t.Fatal(err)
 	}
