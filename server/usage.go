@@ -226,7 +226,7 @@ func (s *Server) grantCredits(c *gin.Context) {
 		return
 	}
 	p := principal(c)
-	g, err := s.db.AddGrant(c.Request.Context(), store.Grant{OrgID: org.ID, AmountMilli: int64(amt), Time: s.sessions.Now(), GrantedBy: p.User.ID, Note: req.Note})
+	g, err := s.db.AddCreditGrant(c.Request.Context(), store.CreditGrant{OrgID: org.ID, AmountMilli: int64(amt), Time: s.sessions.Now(), GrantedBy: p.User.ID, Note: req.Note})
 	if err != nil {
 		s.writeError(c, notFoundOrg(err))
 		return

@@ -89,8 +89,8 @@ func (db *DB) Runs(ctx context.Context, orgID string, from, to time.Time) ([]Run
 	return scanRuns(rows)
 }
 
-// Grant is credits an operator added to an organization.
-type Grant struct {
+// CreditGrant is credits an operator added to an organization.
+type CreditGrant struct {
 	ID          int64
 	OrgID       string
 	AmountMilli int64
@@ -99,23 +99,23 @@ type Grant struct {
 	Note        string
 }
 
-// AddGrant records a grant.
-func (db *DB) AddGrant(ctx context.Context, g Grant) (Grant, error) {
+// AddCreditGrant records a credit grant.
+func (db *DB) AddCreditGrant(ctx context.Context, g CreditGrant) (CreditGrant, error) {
 	g.Time = normTime(g.Time)
 	res, err := db.w.ExecContext(ctx, `INSERT INTO credit_grants(org_id, amount_milli, time, granted_by, note) VALUES (?, ?, ?, ?, ?)`,
 		g.OrgID, g.AmountMilli, ts(g.Time), g.GrantedBy, g.Note)
 	if err != nil {
 		if isForeignKey(err) {
-			return Grant{}, fmt.Errorf("store: grant: %w", ErrNotFound)
+			return CreditGrant{}, fmt.Errorf("store: grant: %w", ErrNotFound)
 		}
-		return Grant{}, fmt.Errorf("store: grant: %w", err)
+		return CreditGrant{}, fmt.Errorf("store: grant: %w", err)
 	}
 	g.ID, _ = res.LastInsertId()
 	return g, nil
 }
 
-// Granted sums an organization's grants in [from, to).
-func (db *DB) Granted(ctx context.Context, orgID string, from, to time.Time) (int64, error) {
+// CreditsGranted sums an organization's grants in [from, to).
+func (db *DB) CreditsGranted(ctx context.Context, orgID string, from, to time.Time) (int64, error) {
 	var n sql.NullInt64
 	err := db.r.QueryRowContext(ctx, `SELECT SUM(amount_milli) FROM credit_grants WHERE org_id = ? AND time >= ? AND time < ?`,
 		orgID, ts(from), ts(to)).Scan(&n)

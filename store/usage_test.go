@@ -60,16 +60,16 @@ func TestGrantsAndPlans(t *testing.T) {
 	db, _ := openTest(t)
 	p, _, _ := db.CreateOrg(ctx, "acme", "u")
 	t0 := time.Date(2030, 1, 5, 0, 0, 0, 0, time.UTC)
-	if _, err := db.AddGrant(ctx, Grant{OrgID: p.Org.ID, AmountMilli: 5000, Time: t0, GrantedBy: "operator"}); err != nil {
+	if _, err := db.AddCreditGrant(ctx, CreditGrant{OrgID: p.Org.ID, AmountMilli: 5000, Time: t0, GrantedBy: "operator"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := db.AddGrant(ctx, Grant{OrgID: "org_nope", AmountMilli: 1, Time: t0}); !errors.Is(err, ErrNotFound) {
+	if _, err := db.AddCreditGrant(ctx, CreditGrant{OrgID: "org_nope", AmountMilli: 1, Time: t0}); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("grant to unknown org: %v", err)
 	}
-	if n, _ := db.Granted(ctx, p.Org.ID, t0, t0.Add(time.Hour)); n != 5000 {
+	if n, _ := db.CreditsGranted(ctx, p.Org.ID, t0, t0.Add(time.Hour)); n != 5000 {
 		t.Fatalf("granted %d", n)
 	}
-	if n, _ := db.Granted(ctx, p.Org.ID, t0.Add(time.Second), t0.Add(time.Hour)); n != 0 {
+	if n, _ := db.CreditsGranted(ctx, p.Org.ID, t0.Add(time.Second), t0.Add(time.Hour)); n != 0 {
 		t.Fatalf("granted outside %d", n)
 	}
 	if err := db.SetPlan(ctx, p.Org.ID, "pro"); err != nil {

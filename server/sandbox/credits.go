@@ -72,7 +72,7 @@ func (m *Manager) Usage(ctx context.Context, orgID string, at time.Time) (Usage,
 		return Usage{}, err
 	}
 	u := Usage{Plan: pl, Period: credits.PeriodAt(anchor, at), Allowance: pl.MonthlyCredits}
-	g, err := m.db.Granted(ctx, orgID, u.Period.Start, u.Period.End)
+	g, err := m.db.CreditsGranted(ctx, orgID, u.Period.Start, u.Period.End)
 	if err != nil {
 		return Usage{}, err
 	}

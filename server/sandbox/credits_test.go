@@ -159,7 +159,7 @@ func TestCreditsDrawnAndExhausted(t *testing.T) {
 		t.Fatal("a refused resume changed the session")
 	}
 	// A grant in the period lets it run again.
-	if _, err := e.db.AddGrant(ctx, store.Grant{OrgID: org, AmountMilli: 2000, Time: e.clock(), GrantedBy: "test"}); err != nil {
+	if _, err := e.db.AddCreditGrant(ctx, store.CreditGrant{OrgID: org, AmountMilli: 2000, Time: e.clock(), GrantedBy: "test"}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := e.m.Resume(ctx, org, "s1"); err != nil {

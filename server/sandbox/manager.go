@@ -81,7 +81,7 @@ type Store interface {
 	Audit(rec store.AuditRecord)
 	// Plans and running time (credits.go).
 	GetOrg(ctx context.Context, orgID string) (store.Org, store.OrgPlan, error)
-	Granted(ctx context.Context, orgID string, from, to time.Time) (int64, error)
+	CreditsGranted(ctx context.Context, orgID string, from, to time.Time) (int64, error)
 	Runs(ctx context.Context, orgID string, from, to time.Time) ([]store.Run, error)
 	SessionRuns(ctx context.Context, orgID, sessionPK string) ([]store.Run, error)
 	OpenRun(ctx context.Context, s *store.Session, t time.Time) error
