@@ -326,6 +326,9 @@ func bootstrap(ctx context.Context, db *store.DB, dataDir, plan string, out io.W
 	if err != nil {
 		return fmt.Errorf("bootstrap: %w", err)
 	}
+	if err := db.SetFirstOrgPlan(ctx, plan); err != nil {
+		return err
+	}
 	if !created {
 		return nil
 	}

@@ -189,6 +189,11 @@ CREATE TABLE credit_grants (
 	note         TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX credit_grants_org_time ON credit_grants(org_id, time);
+
+-- An installation from before plans: its first organization's owners
+-- operate it (the server puts that organization on plans.firstOrg).
+UPDATE users SET operator = 1 WHERE id IN (SELECT m.user_id FROM memberships m WHERE m.role = 'owner'
+	AND m.org_id = (SELECT id FROM orgs ORDER BY created_at, id LIMIT 1));
 `,
 }
 

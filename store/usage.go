@@ -241,3 +241,13 @@ func scanRuns(rows *sql.Rows) ([]Run, error) {
 	}
 	return out, rows.Err()
 }
+
+// SetFirstOrgPlan puts the installation's first organization on plan if
+// it is on none (an installation from before plans); idempotent.
+func (db *DB) SetFirstOrgPlan(ctx context.Context, plan string) error {
+	_, err := db.w.ExecContext(ctx, `UPDATE orgs SET plan = ? WHERE plan = '' AND id = (SELECT id FROM orgs ORDER BY created_at, id LIMIT 1)`, plan)
+	if err != nil {
+		return fmt.Errorf("store: first org plan: %w", err)
+	}
+	return nil
+}

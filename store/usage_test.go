@@ -90,3 +90,24 @@ func TestGrantsAndPlans(t *testing.T) {
 		t.Fatalf("set plan unknown: %v", err)
 	}
 }
+
+func TestSetFirstOrgPlan(t *testing.T) {
+	ctx := context.Background()
+	db, _ := openTest(t)
+	a, _, _ := db.CreateOrg(ctx, "first", "u")
+	b, _, _ := db.CreateOrg(ctx, "second", "v")
+	if err := db.SetFirstOrgPlan(ctx, "team"); err != nil {
+		t.Fatal(err)
+	}
+	_, pa, _ := db.GetOrg(ctx, a.Org.ID)
+	_, pb, _ := db.GetOrg(ctx, b.Org.ID)
+	if pa.Plan != "team" || pb.Plan != "" {
+		t.Fatalf("plans %q %q", pa.Plan, pb.Plan)
+	}
+	// An operator's choice stays.
+	db.SetPlan(ctx, a.Org.ID, "free")
+	db.SetFirstOrgPlan(ctx, "team")
+	if _, pa, _ = db.GetOrg(ctx, a.Org.ID); pa.Plan != "free" {
+		t.Fatalf("overwrote %q", pa.Plan)
+	}
+}
