@@ -245,7 +245,7 @@ func (a *app) printCodeResult(res *client.CodeResult, outDir string) error {
 		if werr != nil {
 			return werr
 		}
-		f.Chmod(0o644)
+		os.Chmod(f.Name(), 0o644)
 		fmt.Fprintf(a.stdout, "[%s saved to %s]\n", mt, filepath.Clean(f.Name()))
 	}
 	if e := res.Error; e != nil {
