@@ -8,7 +8,9 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -188,6 +190,19 @@ func TestParseRemote(t *testing.T) {
 		}
 		if got != want {
 			t.Errorf("parseRemote(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// sbx talks to the server only through the client package.
+func TestOnlyClientDependency(t *testing.T) {
+	out, err := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "list", "-deps", "-f", "{{.ImportPath}}", ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	for _, d := range strings.Fields(string(out)) {
+		if strings.HasPrefix(d, "sandboxd/") && d != "sandboxd/cmd/sbx" && d != "sandboxd/server/client" {
+			t.Errorf("sbx depends on %s", d)
 		}
 	}
 }

@@ -8,8 +8,10 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"runtime"
 	"strings"
 	"testing"
@@ -310,6 +312,47 @@ func TestNoServerDependencies(t *testing.T) {
 	for _, d := range strings.Fields(string(out)) {
 		if (strings.HasPrefix(d, "sandboxd/") && d != "sandboxd/server/client") || strings.Contains(d, "gin-gonic") {
 			t.Errorf("client depends on %s", d)
+		}
+	}
+}
+
+// The mirrored types keep up with the contract: every property of the
+// OpenAPI document's schemas is a field of the client's type.
+func TestTypesMatchOpenAPI(t *testing.T) {
+	b, err := os.ReadFile("../openapi.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Components struct {
+			Schemas map[string]struct {
+				Properties map[string]json.RawMessage `json:"properties"`
+			} `json:"schemas"`
+		} `json:"components"`
+	}
+	if err := json.Unmarshal(b, &doc); err != nil {
+		t.Fatal(err)
+	}
+	for schema, v := range map[string]any{
+		"Sandbox": Sandbox{}, "Resources": Resources{}, "EgressUsage": EgressUsage{}, "CreditUsage": CreditUsage{},
+		"StorageUsage": StorageUsage{}, "TeardownResult": TeardownResult{}, "ExecResponse": ExecResult{},
+		"CodeResponse": CodeResult{}, "FileEntry": FileEntry{}, "Artifact": Artifact{}, "Me": Me{},
+	} {
+		s, ok := doc.Components.Schemas[schema]
+		if !ok {
+			t.Errorf("schema %s not in openapi.json", schema)
+			continue
+		}
+		fields := map[string]bool{}
+		rt := reflect.TypeOf(v)
+		for i := 0; i < rt.NumField(); i++ {
+			name, _, _ := strings.Cut(rt.Field(i).Tag.Get("json"), ",")
+			fields[name] = true
+		}
+		for p := range s.Properties {
+			if !fields[p] {
+				t.Errorf("%s.%s: no field in %s", schema, p, rt.Name())
+			}
 		}
 	}
 }
