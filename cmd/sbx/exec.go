@@ -104,7 +104,7 @@ terminal (at most 8 MiB of text); -n sends none.`,
 	f := cmd.Flags()
 	f.StringVar(&req.Cwd, "cwd", "", "working directory (default /workspace)")
 	f.StringArrayVar(&env, "env", nil, "environment variable K=V; repeatable")
-	f.DurationVar(&timeout, "timeout", 0, "kill the command after this long (default: the server's, 60s)")
+	f.DurationVar(&timeout, "timeout", 0, "kill the command after this long (default: the server's limits.execDefaultTimeoutMs)")
 	f.BoolVarP(&noStdin, "no-stdin", "n", false, "send no standard input")
 	return cmd
 }
@@ -203,7 +203,7 @@ their paths printed. An exception is printed to stderr and sbx exits with 1.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&req.ContextID, "context", "", "code context id (default: the session's default context)")
-	f.DurationVar(&timeout, "timeout", 0, "interrupt the run after this long (default: the server's, 30s)")
+	f.DurationVar(&timeout, "timeout", 0, "interrupt the run after this long (default 30s)")
 	f.StringVar(&outDir, "out-dir", ".", "where images and other rich output are saved")
 	return cmd
 }

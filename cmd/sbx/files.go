@@ -180,7 +180,7 @@ func (a *app) download(cmd *cobra.Command, c *client.Client, src remote, local s
 	if err != nil {
 		return err
 	}
-	if a.jsonOut {
+	if a.jsonOut && local != "-" { // on stdout the file's bytes are the answer
 		return a.printValue(map[string]any{"sessionId": src.Session, "path": src.Path, "local": local, "bytes": n})
 	}
 	return nil
@@ -298,7 +298,7 @@ func (a *app) artifactGetCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if a.jsonOut {
+			if a.jsonOut && out != "-" {
 				return a.printValue(map[string]any{"sessionId": id, "path": p, "local": out, "bytes": n})
 			}
 			return nil
