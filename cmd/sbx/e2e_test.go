@@ -574,8 +574,16 @@ func newTmux(t *testing.T) *tmux {
 	if _, err := exec.LookPath("tmux"); err != nil {
 		t.Skip("tmux not installed")
 	}
-	tm := &tmux{t: t, socket: fmt.Sprintf("sbxtest-%d-%d", os.Getpid(), time.Now().UnixNano())}
-	t.Cleanup(func() { exec.Command("tmux", "-L", tm.socket, "kill-server").Run() })
+	tm := &tmux{t: t, socket: fmt.Sprintf("sbxtest-%d-%s", os.Getpid(), strings.ReplaceAll(t.Name(), "/", "-"))}
+	t.Cleanup(func() {
+		exec.Command("tmux", "-L", tm.socket, "kill-server").Run()
+		// The server leaves its socket file behind.
+		dir := os.Getenv("TMUX_TMPDIR")
+		if dir == "" {
+			dir = "/tmp"
+		}
+		os.Remove(filepath.Join(dir, fmt.Sprintf("tmux-%d", os.Getuid()), tm.socket))
+	})
 	return tm
 }
 
