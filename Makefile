@@ -17,6 +17,7 @@ build:
 	@mkdir -p $(BIN)
 	$(GO) build $(GOFLAGS) -o $(BIN)/sandboxd ./cmd/sandboxd
 	$(GO) build $(GOFLAGS) -o $(BIN)/sandboxd-agent ./cmd/sandboxd-agent
+	$(GO) build $(GOFLAGS) -o $(BIN)/sbx ./cmd/sbx
 	@# runsc from the gVisor version pinned in go.mod; static (CGO_ENABLED=0) or it cannot start.
 	$(GO) build $(GOFLAGS) -o $(BIN)/runsc gvisor.dev/gvisor/runsc
 

@@ -1,0 +1,208 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+
+	"sandboxd/server/client"
+)
+
+func envOf(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+
+func TestResolvePrecedence(t *testing.T) {
+	dir := t.TempDir()
+	tokFile := filepath.Join(dir, "tok")
+	os.WriteFile(tokFile, []byte("  file-token\n"), 0o600)
+	saved := fileConfig{Server: "http://saved:1", Token: "saved-token"}
+	cases := []struct {
+		name                      string
+		flagServer, flagTok, file string
+		env                       map[string]string
+		cfg                       fileConfig
+		wantServer, wantTok, src  string
+	}{
+		{"defaults", "", "", "", nil, fileConfig{}, DefaultServer, "", ""},
+		{"config", "", "", "", nil, saved, "http://saved:1", "saved-token", "config"},
+		{"env beats config", "", "", "", map[string]string{"SBX_TOKEN": "env-token", "SBX_SERVER": "http://saved:1/"}, saved, "http://saved:1", "env-token", "SBX_TOKEN"},
+		{"flag beats env", "http://flag:2", "flag-token", "", map[string]string{"SBX_TOKEN": "env-token", "SBX_SERVER": "http://env:3"}, saved, "http://flag:2", "flag-token", "--token"},
+		{"token file beats env", "", "", tokFile, map[string]string{"SBX_TOKEN": "env-token"}, saved, "http://saved:1", "file-token", "--token-file"},
+		{"env server beats config", "", "", "", map[string]string{"SBX_SERVER": "http://env:3"}, saved, "http://env:3", "", ""},
+		// The saved token belongs to the saved server only.
+		{"saved token not sent elsewhere", "http://other:4", "", "", nil, saved, "http://other:4", "", ""},
+		{"saved token, default server", "", "", "", nil, fileConfig{Token: "t0"}, DefaultServer, "t0", "config"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := resolve(tc.flagServer, tc.flagTok, tc.file, envOf(tc.env), nil, tc.cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.Server != tc.wantServer || c.Token != tc.wantTok || c.TokenSource != tc.src {
+				t.Errorf("got %+v, want server %s token %q from %q", c, tc.wantServer, tc.wantTok, tc.src)
+			}
+		})
+	}
+	if _, err := resolve("", "a", tokFile, envOf(nil), nil, fileConfig{}); !errors.As(err, new(usageError)) {
+		t.Errorf("--token with --token-file: %v", err)
+	}
+	c, err := resolve("", "", "-", envOf(nil), strings.NewReader("stdin-token\n"), fileConfig{})
+	if err != nil || c.Token != "stdin-token" {
+		t.Errorf("--token-file -: %+v %v", c, err)
+	}
+}
+
+func TestConfigFile(t *testing.T) {
+	dir := t.TempDir()
+	path, err := configPath(envOf(map[string]string{"XDG_CONFIG_HOME": dir}))
+	if err != nil || path != filepath.Join(dir, "sbx", "config.json") {
+		t.Fatalf("%s %v", path, err)
+	}
+	if p, _ := configPath(envOf(map[string]string{"HOME": "/home/u"})); p != "/home/u/.config/sbx/config.json" {
+		t.Errorf("without XDG_CONFIG_HOME: %s", p)
+	}
+	if c, err := loadConfig(path); err != nil || c != (fileConfig{}) {
+		t.Errorf("missing file: %+v %v", c, err)
+	}
+	want := fileConfig{Server: "http://x:1", Token: "sbx_secret"}
+	if err := saveConfig(path, want); err != nil {
+		t.Fatal(err)
+	}
+	st, _ := os.Stat(path)
+	if st.Mode().Perm() != 0o600 {
+		t.Errorf("mode %v", st.Mode())
+	}
+	if c, err := loadConfig(path); err != nil || c != want {
+		t.Errorf("reload: %+v %v", c, err)
+	}
+}
+
+// The CLI against a fake server: --token beats $SBX_TOKEN beats the saved
+// token, and API errors print as the contract says.
+func TestCLITokenPrecedenceAndErrors(t *testing.T) {
+	var seen []string
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen = append(seen, r.Header.Get("Authorization"))
+		switch r.URL.Path {
+		case "/v1/me":
+			io.WriteString(w, `{"user":{"id":"u1","name":"owner"},"organization":{"id":"o1","name":"acme"},"role":"owner"}`)
+		case "/v1/sandbox/missing":
+			w.Header().Set("X-Request-Id", "req-7")
+			w.WriteHeader(404)
+			io.WriteString(w, `{"error":{"code":"not_found","message":"no such session","requestId":"req-7"}}`)
+		default:
+			io.WriteString(w, `{"sandboxes":[]}`)
+		}
+	}))
+	defer ts.Close()
+	cfgDir := t.TempDir()
+	run := func(env map[string]string, argv ...string) (int, string, string) {
+		env["XDG_CONFIG_HOME"] = cfgDir
+		var out, errb bytes.Buffer
+		a := newApp(strings.NewReader(""), &out, &errb, envOf(env))
+		cmd := a.root()
+		cmd.SetArgs(argv)
+		return report(&errb, cmd.Execute()), out.String(), errb.String()
+	}
+	if code, out, errs := run(map[string]string{}, "login", "--server", ts.URL, "--token", "saved"); code != 0 || !strings.Contains(out, "as owner") {
+		t.Fatalf("login: %d %q %q", code, out, errs)
+	}
+	run(map[string]string{}, "ls")
+	run(map[string]string{"SBX_TOKEN": "env"}, "ls")
+	run(map[string]string{"SBX_TOKEN": "env"}, "ls", "--token", "flag")
+	want := []string{"Bearer saved", "Bearer saved", "Bearer env", "Bearer flag"}
+	if fmt.Sprint(seen) != fmt.Sprint(want) {
+		t.Errorf("tokens sent %v, want %v", seen, want)
+	}
+	code, _, errs := run(map[string]string{}, "get", "missing")
+	if code != 1 || errs != "sbx: no such session (not_found, request req-7)\n" {
+		t.Errorf("error: %d %q", code, errs)
+	}
+	if code, _, _ := run(map[string]string{}, "get"); code != 2 {
+		t.Errorf("usage error: exit %d", code)
+	}
+	if code, _, _ := run(map[string]string{}, "provision", "s1", "--secret", "K=literal"); code != 2 {
+		t.Errorf("literal secret: exit %d", code)
+	}
+}
+
+func TestReport(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		code int
+		msg  string
+	}{
+		{nil, 0, ""},
+		{exitStatus(3), 3, ""},
+		{usagef("bad"), 2, "sbx: bad\n"},
+		{&client.Error{Status: 409, Code: "conflict", Message: "used", RequestID: "r1"}, 1, "sbx: used (conflict, request r1)\n"},
+		{errors.New("boom"), 1, "sbx: boom\n"},
+	} {
+		var b bytes.Buffer
+		if code := report(&b, tc.err); code != tc.code || !strings.HasPrefix(b.String(), tc.msg) {
+			t.Errorf("report(%v) = %d %q", tc.err, code, b.String())
+		}
+	}
+}
+
+func TestOverlap(t *testing.T) {
+	for _, tc := range []struct {
+		seen, replay string
+		want         int
+	}{
+		{"", "abc", 0},
+		{"hello $ ", "hello $ ", 8},           // nothing new
+		{"xxhello $ ", "hello $ ls\r\n", 8},   // new output after what was seen
+		{"abcabc", "abcabcabd", 6},            // the longest overlap
+		{"$ echo 1\r\n1\r\n$ ", "2\r\n$ ", 0}, // the ring wrapped: nothing seen in it
+		{"aaaa", "aaaaaa", 4},
+		{strings.Repeat("ab", 1000), "abab!", 4},
+	} {
+		if got := overlap([]byte(tc.seen), []byte(tc.replay)); got != tc.want {
+			t.Errorf("overlap(%q, %q) = %d, want %d", tc.seen, tc.replay, got, tc.want)
+		}
+	}
+}
+
+func TestParseRemote(t *testing.T) {
+	for in, want := range map[string]string{
+		"s1:/workspace/a.txt": "s1 /workspace/a.txt",
+		"s1:out/r.pdf":        "s1 /workspace/out/r.pdf",
+		"s1:/workspace/dir/":  "s1 /workspace/dir/",
+		"s1:":                 "s1 /workspace/",
+		"./a:b":               "local",
+		"/tmp/x":              "local",
+		"-":                   "local",
+	} {
+		r, ok := parseRemote(in)
+		got := "local"
+		if ok {
+			got = r.Session + " " + r.Path
+		}
+		if got != want {
+			t.Errorf("parseRemote(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// sbx talks to the server only through the client package.
+func TestOnlyClientDependency(t *testing.T) {
+	out, err := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "list", "-deps", "-f", "{{.ImportPath}}", ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	for _, d := range strings.Fields(string(out)) {
+		if strings.HasPrefix(d, "sandboxd/") && d != "sandboxd/cmd/sbx" && d != "sandboxd/server/client" {
+			t.Errorf("sbx depends on %s", d)
+		}
+	}
+}
