@@ -390,7 +390,7 @@ func (a *app) usageCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			u, err := c.Usage(cmd.Context())
+			u, err := c.Usage(cmd.Context(), client.UsageOptions{})
 			if client.IsStatus(err, 404) && client.IsCode(err, "not_found") {
 				e := *err.(*client.Error)
 				e.Message = "this server does not report usage (GET /v1/usage: " + e.Message + ")"

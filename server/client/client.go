@@ -2,7 +2,8 @@
 // WebSocket contract in server/openapi.json): sessions (provision, get,
 // list, pause, resume, teardown, delete), commands, code runs, files and
 // artifacts (streamed, with progress callbacks), logs (a snapshot or
-// followed over the WebSocket), live terminals, the caller and usage.
+// followed over the WebSocket), live terminals, the caller, usage and
+// credits, and the operators' plan changes and credit grants.
 //
 // It depends only on the standard library and gorilla/websocket, never on
 // the server's packages: the types here mirror the JSON of the contract,
@@ -10,8 +11,8 @@
 // can pass the server's exact answer on, including fields this package
 // does not know yet.
 //
-// An API error is a *Error with the status, the contract's code, message
-// and request id.
+// An API error is a *Error with the status, the contract's code, message,
+// request id and details.
 //
 // Concurrency: a Client is safe for concurrent use. A Terminal allows one
 // goroutine calling Recv and any number calling its send methods.
@@ -84,14 +85,20 @@ func New(baseURL, token string, opts ...Option) (*Client, error) {
 func (c *Client) BaseURL() string { return c.base.String() }
 
 // Error is an error answered by the API: the HTTP status and the body's
-// code, message and request id (the X-Request-Id header when the body has
-// none). A body that is not the contract's error (a proxy's page, say)
-// gives the code "http_<status>" and the start of the body as message.
+// code, message, request id (the X-Request-Id header when the body has
+// none) and details. A body that is not the contract's error (a proxy's
+// page, say) gives the code "http_<status>" and the start of the body as
+// message.
 type Error struct {
 	Status    int
 	Code      string
 	Message   string
 	RequestID string
+	// Details are the facts a caller can act on, when the server gives
+	// any (nil otherwise), decoded as by encoding/json (numbers are
+	// float64). For 402 insufficient_credits: "remaining", "needed",
+	// "size", "creditsPerHour", "periodEnd" (RFC 3339) and "plan".
+	Details map[string]any
 }
 
 func (e *Error) Error() string {
@@ -127,13 +134,17 @@ func errorFrom(status int, requestID string, body []byte) *Error {
 	e := &Error{Status: status, RequestID: requestID}
 	var eb struct {
 		Error *struct {
-			Code      string `json:"code"`
-			Message   string `json:"message"`
-			RequestID string `json:"requestId"`
+			Code      string         `json:"code"`
+			Message   string         `json:"message"`
+			RequestID string         `json:"requestId"`
+			Details   map[string]any `json:"details"`
 		} `json:"error"`
 	}
 	if json.Unmarshal(body, &eb) == nil && eb.Error != nil && eb.Error.Code != "" {
 		e.Code, e.Message = eb.Error.Code, eb.Error.Message
+		if len(eb.Error.Details) > 0 {
+			e.Details = eb.Error.Details
+		}
 		if eb.Error.RequestID != "" {
 			e.RequestID = eb.Error.RequestID
 		}

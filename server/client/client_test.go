@@ -49,14 +49,21 @@ func TestErrorDecoding(t *testing.T) {
 		wantString  string
 	}{
 		{"contract", 409, "hdr", `{"error":{"code":"conflict","message":"session id already used","requestId":"req-1"}}`,
-			Error{409, "conflict", "session id already used", "req-1"}, "session id already used (conflict, request req-1)"},
+			Error{Status: 409, Code: "conflict", Message: "session id already used", RequestID: "req-1"}, "session id already used (conflict, request req-1)"},
 		{"header id", 404, "hdr-2", `{"error":{"code":"not_found","message":"no such session"}}`,
-			Error{404, "not_found", "no such session", "hdr-2"}, "no such session (not_found, request hdr-2)"},
+			Error{Status: 404, Code: "not_found", Message: "no such session", RequestID: "hdr-2"}, "no such session (not_found, request hdr-2)"},
+		{"details", 402, "r3", `{"error":{"code":"insufficient_credits","message":"not enough credits","requestId":"r3",` +
+			`"details":{"remaining":0,"needed":0.084,"size":"standard-1","creditsPerHour":1,"periodEnd":"2026-02-01T00:00:00Z","plan":"free"}}}`,
+			Error{Status: 402, Code: "insufficient_credits", Message: "not enough credits", RequestID: "r3", Details: map[string]any{
+				"remaining": 0.0, "needed": 0.084, "size": "standard-1", "creditsPerHour": 1.0, "periodEnd": "2026-02-01T00:00:00Z", "plan": "free"}},
+			"not enough credits (insufficient_credits, request r3)"},
+		{"empty details", 400, "r4", `{"error":{"code":"invalid_request","message":"bad","requestId":"r4","details":{}}}`,
+			Error{Status: 400, Code: "invalid_request", Message: "bad", RequestID: "r4"}, "bad (invalid_request, request r4)"},
 		{"html", 502, "", `<html><body>Bad Gateway</body></html>`,
-			Error{502, "http_502", "Bad Gateway", ""}, "Bad Gateway (http_502)"},
+			Error{Status: 502, Code: "http_502", Message: "Bad Gateway"}, "Bad Gateway (http_502)"},
 		{"text", 500, "r", "upstream exploded\n",
-			Error{500, "http_500", "upstream exploded", "r"}, "upstream exploded (http_500, request r)"},
-		{"empty", 503, "", "", Error{503, "http_503", "Service Unavailable", ""}, "Service Unavailable (http_503)"},
+			Error{Status: 500, Code: "http_500", Message: "upstream exploded", RequestID: "r"}, "upstream exploded (http_500, request r)"},
+		{"empty", 503, "", "", Error{Status: 503, Code: "http_503", Message: "Service Unavailable"}, "Service Unavailable (http_503)"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -72,7 +79,7 @@ func TestErrorDecoding(t *testing.T) {
 			if !errors.As(err, &e) {
 				t.Fatalf("err = %v (%T), want *Error", err, err)
 			}
-			if *e != tc.want {
+			if !reflect.DeepEqual(*e, tc.want) {
 				t.Errorf("got %+v, want %+v", *e, tc.want)
 			}
 			if e.Error() != tc.wantString {
@@ -203,20 +210,89 @@ func TestDownloadCutIsError(t *testing.T) {
 	}
 }
 
-func TestUsageKeepsUnknownShapes(t *testing.T) {
+func TestUsage(t *testing.T) {
+	var query string
 	c := newServer(t, func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != "/v1/usage" {
-			t.Errorf("path %s", r.URL.Path)
+		if r.URL.Path != "/v1/usage" || r.Method != "GET" {
+			t.Errorf("%s %s", r.Method, r.URL.Path)
 		}
-		io.WriteString(w, `{"plan":{"name":"free"},"allowance":100,"used":12.5,"remaining":87.5,"period":{"start":"2026-01-01"},"sessions":[{"sessionId":"a","credits":1.5}],"days":[]}`)
+		query = r.URL.RawQuery
+		io.WriteString(w, `{"organization":{"id":"org_1","name":"acme"},`+
+			`"plan":{"name":"team","monthlyCredits":3000,"largestSize":"","maxConcurrent":32,"egressMiB":0,"storageMiB":0,"pause":true},`+
+			`"period":{"start":"2026-01-15T00:00:00Z","end":"2026-02-15T00:00:00Z"},`+
+			`"allowance":{"credits":3000,"milli":3000000},"granted":{"credits":10.5,"milli":10500},`+
+			`"used":{"credits":0.209,"milli":209},"remaining":{"credits":3010.291,"milli":3010291},`+
+			`"sessions":[{"sessionId":"demo-1","status":"stopped","size":"standard-1","runningSeconds":754.2,`+
+			`"credits":{"credits":0.209,"milli":209},"egressBytes":12,"savedBytes":81920}],`+
+			`"days":[{"date":"2026-01-20","runningSeconds":754.2,"credits":{"credits":0.209,"milli":209}}],"future":1}`)
 	})
-	u, err := c.Usage(context.Background())
+	u, err := c.Usage(context.Background(), UsageOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := u.Map()
-	if err != nil || string(u.Allowance) != "100" || m["used"].(json.Number).String() != "12.5" {
-		t.Errorf("usage %+v map %v err %v", u, m, err)
+	if query != "" {
+		t.Errorf("default query %q", query)
+	}
+	if u.Organization.Name != "acme" || u.Plan.Name != "team" || u.Plan.MaxConcurrent != 32 || !u.Plan.Pause ||
+		u.Period.Start.Day() != 15 || u.Period.End.Month() != time.February ||
+		u.Allowance.Milli != 3000000 || u.Granted.Credits != 10.5 || u.Used.Milli != 209 || u.Remaining.Milli != 3010291 {
+		t.Errorf("usage %+v", u)
+	}
+	if len(u.Sessions) != 1 || u.Sessions[0] != (SessionUsage{"demo-1", "stopped", "standard-1", 754.2, Amount{0.209, 209}, 12, 81920}) {
+		t.Errorf("sessions %+v", u.Sessions)
+	}
+	if len(u.Days) != 1 || u.Days[0] != (DayUsage{"2026-01-20", 754.2, Amount{0.209, 209}}) {
+		t.Errorf("days %+v", u.Days)
+	}
+	if m, err := u.Map(); err != nil || m["future"].(json.Number).String() != "1" {
+		t.Errorf("map %v %v", m, err)
+	}
+	if _, err := c.Usage(context.Background(), UsageOptions{Period: "previous", OrgID: "org 2"}); err != nil {
+		t.Fatal(err)
+	}
+	if query != "orgId=org+2&period=previous" {
+		t.Errorf("query %q", query)
+	}
+}
+
+func TestOperatorCalls(t *testing.T) {
+	type call struct{ method, path, body string }
+	var got []call
+	c := newServer(t, func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		got = append(got, call{r.Method, r.URL.EscapedPath(), string(b)})
+		switch {
+		case strings.HasSuffix(r.URL.Path, "/plan"):
+			io.WriteString(w, `{"organization":{"id":"org/2","name":"beta"},"plan":{"name":"pro","monthlyCredits":500,"largestSize":"standard-4"}}`)
+		default:
+			w.WriteHeader(201)
+			io.WriteString(w, `{"grant":{"id":7,"credits":{"credits":0.5,"milli":500},"time":"2026-01-20T10:00:00Z","note":"trial"},`+
+				`"remaining":{"credits":20.5,"milli":20500},"period":{"start":"2026-01-15T00:00:00Z","end":"2026-02-15T00:00:00Z"}}`)
+		}
+	})
+	ctx := context.Background()
+	pc, err := c.SetPlan(ctx, "org/2", "pro")
+	if err != nil || pc.Plan.Name != "pro" || pc.Plan.MonthlyCredits != 500 || pc.Organization.Name != "beta" || len(pc.Raw) == 0 {
+		t.Fatalf("SetPlan: %+v %v", pc, err)
+	}
+	g, err := c.GrantCredits(ctx, "org/2", "0.5", "trial")
+	if err != nil || g.Grant.ID != 7 || g.Grant.Credits.Milli != 500 || g.Remaining.Milli != 20500 || g.Period.End.Month() != time.February {
+		t.Fatalf("GrantCredits: %+v %v", g, err)
+	}
+	want := []call{
+		{"PUT", "/v1/orgs/org%2F2/plan", `{"plan":"pro"}`},
+		{"POST", "/v1/orgs/org%2F2/credits", `{"credits":0.5,"note":"trial"}`},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("calls %q, want %q", got, want)
+	}
+	for _, bad := range []string{"", "ten", "1e", "0x10"} {
+		if _, err := c.GrantCredits(ctx, "o", bad, ""); err == nil || IsStatus(err, 201) {
+			t.Errorf("GrantCredits(%q): %v", bad, err)
+		}
+	}
+	if len(got) != 2 {
+		t.Errorf("bad amounts reached the server: %q", got[2:])
 	}
 }
 
@@ -316,6 +392,11 @@ func TestNoServerDependencies(t *testing.T) {
 	}
 }
 
+type schemaObj struct {
+	Properties map[string]json.RawMessage `json:"properties"`
+	Items      *schemaObj                 `json:"items"`
+}
+
 // The mirrored types keep up with the contract: every property of the
 // OpenAPI document's schemas is a field of the client's type.
 func TestTypesMatchOpenAPI(t *testing.T) {
@@ -325,9 +406,7 @@ func TestTypesMatchOpenAPI(t *testing.T) {
 	}
 	var doc struct {
 		Components struct {
-			Schemas map[string]struct {
-				Properties map[string]json.RawMessage `json:"properties"`
-			} `json:"schemas"`
+			Schemas map[string]schemaObj `json:"schemas"`
 		} `json:"components"`
 	}
 	if err := json.Unmarshal(b, &doc); err != nil {
@@ -337,8 +416,21 @@ func TestTypesMatchOpenAPI(t *testing.T) {
 		"Sandbox": Sandbox{}, "Resources": Resources{}, "EgressUsage": EgressUsage{}, "CreditUsage": CreditUsage{},
 		"StorageUsage": StorageUsage{}, "TeardownResult": TeardownResult{}, "ExecResponse": ExecResult{},
 		"CodeResponse": CodeResult{}, "FileEntry": FileEntry{}, "Artifact": Artifact{}, "Me": Me{},
+		"OrgRef": Ref{}, "Usage": Usage{}, "Amount": Amount{}, "Plan": Plan{},
+		// The usage's inline objects.
+		"Usage.period": Period{}, "Usage.sessions": SessionUsage{}, "Usage.days": DayUsage{},
 	} {
 		s, ok := doc.Components.Schemas[schema]
+		if name, prop, inline := strings.Cut(schema, "."); inline {
+			ok = false
+			var p schemaObj
+			if raw, found := doc.Components.Schemas[name].Properties[prop]; found && json.Unmarshal(raw, &p) == nil {
+				if p.Items != nil {
+					p = *p.Items
+				}
+				s, ok = p, len(p.Properties) > 0
+			}
+		}
 		if !ok {
 			t.Errorf("schema %s not in openapi.json", schema)
 			continue

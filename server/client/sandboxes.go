@@ -81,9 +81,11 @@ type EgressUsage struct {
 	BytesLimit int64 `json:"bytesLimit"`
 }
 
-// CreditUsage is what a session has cost.
+// CreditUsage is what a session has drawn over its life: Used in credits,
+// UsedMilli the same exactly, in thousandths of a credit.
 type CreditUsage struct {
-	Used float64 `json:"used"`
+	Used      float64 `json:"used"`
+	UsedMilli int64   `json:"usedMilli"`
 }
 
 // StorageUsage is a session's save in its organization's storage.
@@ -212,36 +214,4 @@ func (c *Client) Me(ctx context.Context) (*Me, error) {
 	}
 	m.Raw = raw
 	return &m, nil
-}
-
-// Usage is the organization's usage (GET /v1/usage): its plan, credit
-// allowance, credits used and remaining this period, and usage per session
-// and per day. The fields are kept as raw JSON so that the client does not
-// depend on their exact shapes; Map decodes the whole answer.
-type Usage struct {
-	Plan      json.RawMessage `json:"plan"`
-	Allowance json.RawMessage `json:"allowance"`
-	Used      json.RawMessage `json:"used"`
-	Remaining json.RawMessage `json:"remaining"`
-	Period    json.RawMessage `json:"period"`
-	Sessions  json.RawMessage `json:"sessions"`
-	Days      json.RawMessage `json:"days"`
-	Raw       json.RawMessage `json:"-"`
-}
-
-// Map decodes the whole answer (numbers as json.Number).
-func (u *Usage) Map() (map[string]any, error) {
-	return decodeMap(u.Raw)
-}
-
-// Usage returns the organization's usage. A server without the endpoint
-// answers a 404 *Error (code "not_found").
-func (c *Client) Usage(ctx context.Context) (*Usage, error) {
-	var u Usage
-	raw, _, err := c.doJSON(ctx, http.MethodGet, "/v1/usage", nil, nil, &u)
-	if err != nil {
-		return nil, err
-	}
-	u.Raw = raw
-	return &u, nil
 }
