@@ -9,11 +9,13 @@
 //	sbx shell demo-1
 //	sbx cp ./data.csv demo-1:/workspace/data.csv
 //	sbx teardown demo-1
+//	sbx usage --period previous
 //
 // Every command talks to the server through package sandboxd/server/client.
 // With --json a command prints the API's JSON answer instead of text.
-// Errors go to stderr as "sbx: <message> (<code>, request <id>)" with exit
-// status 1, usage errors with 2; exec and shell exit with the remote
+// Errors go to stderr as "sbx: <message> (<code>, request <id>)", then the
+// error's details when the server gives any (the numbers of a 402
+// insufficient_credits), with exit status 1, usage errors with 2; exec and shell exit with the remote
 // command's status.
 package main
 
@@ -75,6 +77,9 @@ func report(w io.Writer, err error) int {
 		return 130
 	case errors.As(err, &ae):
 		msg = err.Error() // "<message> (<code>, request <id>)", with any context before it
+		if len(ae.Details) > 0 {
+			msg += "\n  " + formatDetails(ae.Details)
+		}
 	case errors.As(err, &ue2):
 		msg = fmt.Sprintf("cannot reach the server (%s %s): %v", strings.ToUpper(ue2.Op), ue2.URL, ue2.Err)
 	default:

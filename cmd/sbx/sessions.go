@@ -2,11 +2,8 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
 	"os"
-	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -221,7 +218,7 @@ func (a *app) lsCmd() *cobra.Command {
 				if s.StatusReason != nil && *s.StatusReason != "" {
 					st += " (" + *s.StatusReason + ")"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.2f\n", s.SessionID, st, s.Size, ago(s.CreatedAt), s.Credits.Used)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", s.SessionID, st, s.Size, ago(s.CreatedAt), milli(s.Credits.UsedMilli))
 			}
 			return tw.Flush()
 		},
@@ -292,7 +289,7 @@ func (a *app) describe(sb *client.Sandbox) {
 		fmt.Fprintf(tw, "git:\t%s%s\n", *sb.GitRepo, b)
 	}
 	fmt.Fprintf(tw, "created:\t%s\n", sb.CreatedAt.Local().Format(time.RFC3339))
-	fmt.Fprintf(tw, "credits used:\t%.2f\n", sb.Credits.Used)
+	fmt.Fprintf(tw, "credits used:\t%s\n", milli(sb.Credits.UsedMilli))
 	fmt.Fprintf(tw, "egress:\t%s of %s\n", humanBytes(sb.Egress.BytesUsed), humanBytes(sb.Egress.BytesLimit))
 	if sb.Storage.SavedBytes > 0 {
 		fmt.Fprintf(tw, "saved:\t%s\n", humanBytes(sb.Storage.SavedBytes))
@@ -377,152 +374,5 @@ func (a *app) deleteCmd() *cobra.Command {
 			fmt.Fprintf(a.stdout, "%s deleted\n", id)
 			return nil
 		},
-	}
-}
-
-func (a *app) usageCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:   "usage",
-		Short: "Show the organization's plan, credits and usage per session",
-		Args:  args(0, 0, "no arguments"),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			u, err := c.Usage(cmd.Context(), client.UsageOptions{})
-			if client.IsStatus(err, 404) && client.IsCode(err, "not_found") {
-				e := *err.(*client.Error)
-				e.Message = "this server does not report usage (GET /v1/usage: " + e.Message + ")"
-				return &e
-			}
-			if err != nil {
-				return err
-			}
-			if a.jsonOut {
-				return a.printJSON(u.Raw)
-			}
-			m, err := u.Map()
-			if err != nil {
-				return fmt.Errorf("usage: %w", err)
-			}
-			a.printUsage(m)
-			return nil
-		},
-	}
-}
-
-// printUsage prints usage for people without knowing its exact shape:
-// the well-known scalars first, then the others, then the tables
-// (sessions, days).
-func (a *app) printUsage(m map[string]any) {
-	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-	order := []string{"plan", "period", "allowance", "used", "remaining"}
-	var rest, tables []string
-	for k, v := range m {
-		switch v.(type) {
-		case []any:
-			tables = append(tables, k)
-		default:
-			if !slices.Contains(order, k) {
-				rest = append(rest, k)
-			}
-		}
-	}
-	sort.Strings(rest)
-	sort.Strings(tables)
-	for _, k := range append(order, rest...) {
-		if v, ok := m[k]; ok {
-			fmt.Fprintf(tw, "%s:\t%s\n", k, scalar(v))
-		}
-	}
-	tw.Flush()
-	for _, k := range tables {
-		rows, _ := m[k].([]any)
-		fmt.Fprintf(a.stdout, "\n%s:\n", k)
-		if len(rows) == 0 {
-			fmt.Fprintln(a.stdout, "  (none)")
-			continue
-		}
-		printTable(a.stdout, rows)
-	}
-}
-
-// printTable prints a list of JSON objects as columns (the keys of the
-// first rows, sessionId and day first).
-func printTable(w io.Writer, rows []any) {
-	var cols []string
-	seen := map[string]bool{}
-	for _, r := range rows {
-		obj, ok := r.(map[string]any)
-		if !ok {
-			continue
-		}
-		keys := make([]string, 0, len(obj))
-		for k := range obj {
-			keys = append(keys, k)
-		}
-		sort.Slice(keys, func(i, j int) bool {
-			pi, pj := rank(keys[i]), rank(keys[j])
-			if pi != pj {
-				return pi < pj
-			}
-			return keys[i] < keys[j]
-		})
-		for _, k := range keys {
-			if !seen[k] {
-				seen[k] = true
-				cols = append(cols, k)
-			}
-		}
-	}
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	if len(cols) == 0 {
-		for _, r := range rows {
-			fmt.Fprintf(tw, "  %s\n", scalar(r))
-		}
-		tw.Flush()
-		return
-	}
-	fmt.Fprintln(tw, "  "+strings.ToUpper(strings.Join(cols, "\t")))
-	for _, r := range rows {
-		obj, _ := r.(map[string]any)
-		vals := make([]string, len(cols))
-		for i, c := range cols {
-			if v, ok := obj[c]; ok {
-				vals[i] = scalar(v)
-			} else {
-				vals[i] = "-"
-			}
-		}
-		fmt.Fprintln(tw, "  "+strings.Join(vals, "\t"))
-	}
-	tw.Flush()
-}
-
-func rank(k string) int {
-	switch k {
-	case "sessionId", "day", "date":
-		return 0
-	case "size", "status":
-		return 1
-	}
-	return 2
-}
-
-// scalar formats a decoded JSON value on one line.
-func scalar(v any) string {
-	switch x := v.(type) {
-	case nil:
-		return "-"
-	case string:
-		return x
-	case json.Number:
-		return x.String()
-	case bool:
-		return fmt.Sprint(x)
-	default:
-		b, _ := json.Marshal(x)
-		return string(b)
 	}
 }

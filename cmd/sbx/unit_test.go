@@ -13,6 +13,7 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	"sandboxd/server/client"
 )
@@ -146,11 +147,75 @@ func TestReport(t *testing.T) {
 		{usagef("bad"), 2, "sbx: bad\n"},
 		{&client.Error{Status: 409, Code: "conflict", Message: "used", RequestID: "r1"}, 1, "sbx: used (conflict, request r1)\n"},
 		{errors.New("boom"), 1, "sbx: boom\n"},
+		{&client.Error{Status: 400, Code: "invalid_request", Message: "bad", RequestID: "r2", Details: map[string]any{"z": []any{1.0}, "a": true, "plan": "free"}},
+			1, "sbx: bad (invalid_request, request r2)\n  plan: free  a: true  z: [1]\n"},
 	} {
 		var b bytes.Buffer
 		if code := report(&b, tc.err); code != tc.code || !strings.HasPrefix(b.String(), tc.msg) {
 			t.Errorf("report(%v) = %d %q", tc.err, code, b.String())
 		}
+	}
+}
+
+// A 402 with details prints them under the message, known ones first.
+func TestCLIErrorDetails(t *testing.T) {
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Request-Id", "req-9")
+		w.WriteHeader(402)
+		io.WriteString(w, `{"error":{"code":"insufficient_credits","requestId":"req-9",`+
+			`"message":"not enough credits: 0.000 left this period","details":{"plan":"free","periodEnd":"2026-02-15T00:00:00Z",`+
+			`"creditsPerHour":1,"size":"standard-1","needed":0.084,"remaining":0,"extra":"x"}}}`)
+	}))
+	defer ts.Close()
+	var out, errb bytes.Buffer
+	a := newApp(strings.NewReader(""), &out, &errb, envOf(map[string]string{"XDG_CONFIG_HOME": t.TempDir()}))
+	cmd := a.root()
+	cmd.SetArgs([]string{"provision", "s1", "--server", ts.URL, "--token", "t"})
+	code := report(&errb, cmd.Execute())
+	want := "sbx: not enough credits: 0.000 left this period (insufficient_credits, request req-9)\n" +
+		"  remaining: 0  needed: 0.084  size: standard-1  creditsPerHour: 1  periodEnd: 2026-02-15T00:00:00Z  plan: free  extra: x\n"
+	if code != 1 || errb.String() != want || out.Len() != 0 {
+		t.Errorf("exit %d\nstderr %q\nwant   %q\nstdout %q", code, errb.String(), want, out.String())
+	}
+}
+
+func TestPrintUsage(t *testing.T) {
+	day := func(s string) time.Time { d, _ := time.Parse(time.DateOnly, s); return d }
+	u := &client.Usage{
+		Organization: client.Ref{ID: "org_1", Name: "acme"},
+		Plan:         client.Plan{Name: "free", MonthlyCredits: 20, LargestSize: "standard-2", MaxConcurrent: 2},
+		Period:       client.Period{Start: day("2026-01-15"), End: day("2026-02-15")},
+		Allowance:    client.Amount{Credits: 20, Milli: 20000}, Granted: client.Amount{Credits: 0.5, Milli: 500},
+		Used: client.Amount{Credits: 20.709, Milli: 20709}, Remaining: client.Amount{Credits: -0.209, Milli: -209},
+		Sessions: []client.SessionUsage{{SessionID: "demo-1", Status: "stopped", Size: "standard-1", RunningSeconds: 754.2,
+			Credits: client.Amount{Milli: 209}, EgressBytes: 2048, SavedBytes: 81920}, {SessionID: "gone", RunningSeconds: 3600, Credits: client.Amount{Milli: 20500}}},
+		Days: []client.DayUsage{{Date: "2026-01-20", RunningSeconds: 4354.2, Credits: client.Amount{Milli: 20709}}},
+	}
+	var b bytes.Buffer
+	printUsage(&b, u, day("2026-02-01"))
+	want := `organization:  acme (org_1)
+plan:          free (20 credits a month, sizes up to standard-2, 2 sandboxes at once, no pause)
+period:        2026-01-15 to 2026-02-15 UTC (current, 14 days left)
+allowance:     20.000 credits
+granted:       0.500
+used:          20.709
+remaining:     -0.209
+
+SESSION  SIZE        STATUS   RUNNING  CREDITS  EGRESS   SAVED
+demo-1   standard-1  stopped  12m34s   0.209    2.0 KiB  80.0 KiB
+gone     -           -        1h0m0s   20.500   0 B      0 B
+
+DAY (UTC)   RUNNING   CREDITS
+2026-01-20  1h12m34s  20.709
+`
+	if b.String() != want {
+		t.Errorf("got\n%s\nwant\n%s", b.String(), want)
+	}
+	b.Reset()
+	u.Sessions, u.Days = nil, nil
+	printUsage(&b, u, day("2026-03-01"))
+	if !strings.Contains(b.String(), "UTC (ended)\n") || !strings.HasSuffix(b.String(), "\nNo session ran in this period.\n") {
+		t.Errorf("empty period:\n%s", b.String())
 	}
 }
 
