@@ -492,21 +492,61 @@ func TestE2E(t *testing.T) {
 	})
 
 	t.Run("usage", func(t *testing.T) {
-		r := s.run(nil, "usage")
-		switch r.code {
-		case 0: // the usage endpoint has landed
-			m := jsonOf(t, s.ok(nil, "--json", "usage"))
-			for _, k := range []string{"plan", "allowance", "used", "remaining", "period", "sessions"} {
-				if _, ok := m[k]; !ok {
-					t.Errorf("usage --json lacks %s: %v", k, m)
-				}
+		// The session has run (above): the first organization is on the
+		// team plan by default, and the session is in the period's table.
+		r := s.ok(nil, "usage")
+		for _, re := range []string{
+			`(?m)^plan:\s+team \(3000 credits a month`,
+			`(?m)^period:\s+\d{4}-\d\d-\d\d to \d{4}-\d\d-\d\d UTC \(current, `,
+			`(?m)^allowance:\s+3000\.000 credits$`,
+			`(?m)^used:\s+\d+\.\d{3}$`,
+			`(?m)^remaining:\s+\d+\.\d{3}$`,
+			`(?m)^SESSION\s+SIZE\s+STATUS\s+RUNNING\s+CREDITS\s+EGRESS\s+SAVED$`,
+			`(?m)^` + regexp.QuoteMeta(id) + `\s+standard-1\s+running\s+\S+\s+\d+\.\d{3}\s`,
+			`(?m)^DAY \(UTC\)\s+RUNNING\s+CREDITS$`,
+		} {
+			if !regexp.MustCompile(re).MatchString(r.stdout) {
+				t.Errorf("usage lacks %s:\n%s", re, r.stdout)
 			}
-		case 1: // not yet: a clear message
-			if !strings.Contains(r.stderr, "this server does not report usage") || !apiErrorLine.MatchString(r.stderr) {
-				t.Errorf("usage without the endpoint: %s", r)
-			}
-		default:
-			t.Errorf("usage: %s", r)
+		}
+		m := jsonOf(t, s.ok(nil, "--json", "usage"))
+		var u client.Usage
+		if err := json.Unmarshal([]byte(s.ok(nil, "--json", "usage").stdout), &u); err != nil {
+			t.Fatalf("usage --json: %v", err)
+		}
+		used, _ := m["used"].(map[string]any)
+		if _, ok := used["milli"].(float64); !ok || u.Plan.Name != "team" || u.Allowance.Milli != 3_000_000 || u.Used.Milli <= 0 ||
+			u.Remaining.Milli != u.Allowance.Milli+u.Granted.Milli-u.Used.Milli || len(u.Sessions) == 0 || len(u.Days) == 0 {
+			t.Errorf("usage --json: %v", m)
+		}
+		found := false
+		for _, su := range u.Sessions {
+			found = found || (su.SessionID == id && su.Credits.Milli > 0 && su.RunningSeconds > 0)
+		}
+		if !found {
+			t.Errorf("usage --json: no %s with credits: %+v", id, u.Sessions)
+		}
+		// The previous period: nothing ran in it.
+		var prev client.Usage
+		if err := json.Unmarshal([]byte(s.ok(nil, "--json", "usage", "--period", "previous").stdout), &prev); err != nil {
+			t.Fatal(err)
+		}
+		if !prev.Period.End.Equal(u.Period.Start) || prev.Used.Milli != 0 || len(prev.Sessions) != 0 {
+			t.Errorf("previous period: %+v (current %+v)", prev, u.Period)
+		}
+		if r := s.ok(nil, "usage", "--period", "previous"); !strings.Contains(r.stdout, "(ended)") || !strings.Contains(r.stdout, "No session ran in this period.") {
+			t.Errorf("usage --period previous: %s", r)
+		}
+		if r := s.ok(nil, "usage", "--period", u.Period.Start.Format("2006-01-02")); !strings.Contains(r.stdout, id) {
+			t.Errorf("usage --period <start date>: %s", r)
+		}
+		r = s.run(nil, "usage", "--period", "last-year")
+		if r.code != 1 || !apiErrorLine.MatchString(r.stderr) || !strings.Contains(r.stderr, "period: current, previous or a date") ||
+			!strings.Contains(r.stderr, "(invalid_request, request ") {
+			t.Errorf("usage with a bad period: %s", r)
+		}
+		if r := s.run(nil, "usage", "--org", "org_nope"); r.code != 1 || !strings.Contains(r.stderr, "(not_found, request ") {
+			t.Errorf("usage of an unknown organization: %s", r)
 		}
 	})
 
