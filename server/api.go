@@ -45,6 +45,13 @@ func auditDetail(c *gin.Context, k string, v any) {
 	d[k] = v
 }
 
+// noteFn receives a detail for the audit record of the request (REST) or
+// tool call (MCP) that the shared code runs for.
+type noteFn func(k string, v any)
+
+// ginNote notes into c's audit record.
+func ginNote(c *gin.Context) noteFn { return func(k string, v any) { auditDetail(c, k, v) } }
+
 func (s *Server) routes() *gin.Engine {
 	gin.SetMode(gin.ReleaseMode)
 	e := gin.New()
