@@ -104,6 +104,12 @@ func (s *Server) routes() *gin.Engine {
 		e.Handle(m, proxyRoute, s.portalRedirect, s.authenticate, s.require(PermProjectUpdate), s.proxyAPI)
 	}
 
+	// The Model Context Protocol (mcp.go): the same tokens; each tool call
+	// checks its permission and is audited (mcp.<tool>).
+	for _, m := range []string{"POST", "GET", "DELETE"} {
+		e.Handle(m, "/mcp", s.bodyLimit, s.authenticate, s.serveMCP)
+	}
+
 	op("GET", "/me", "me.get", "", s.me)
 	op("PUT", "/me/github", "me.github_connect", "", s.connectGitHub)
 	op("DELETE", "/me/github", "me.github_disconnect", "", s.disconnectGitHub)
