@@ -14,6 +14,7 @@ package server
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"net/http"
 	"slices"
 	"sync"
@@ -71,15 +72,17 @@ type mcpCallerKey struct{}
 // newMCP builds the MCP server with its tools and its HTTP handler.
 func (s *Server) newMCP() *mcpEdge {
 	m := &mcpEdge{tools: map[string]bool{}, owners: map[string]*mcpOwner{}}
+	// The SDK logs every session's start and end at info: warnings only.
+	log := slog.New(warnOnly{s.log.With("component", "mcp").Handler()})
 	m.srv = mcp.NewServer(&mcp.Implementation{Name: "sandboxd", Title: "sandboxd: disposable gVisor sandboxes", Version: "1"},
-		&mcp.ServerOptions{Instructions: mcpInstructions, Logger: s.log.With("component", "mcp")})
+		&mcp.ServerOptions{Instructions: mcpInstructions, Logger: log})
 	m.srv.AddReceivingMiddleware(s.mcpAudit)
 	s.mcp = m
 	s.addMCPTools()
 	sdk := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return m.srv }, &mcp.StreamableHTTPOptions{
 		SessionTimeout:      mcpSessionIdle,
 		MaxRequestBodyBytes: s.cfg.Limits.MaxBodyBytes,
-		Logger:              s.log.With("component", "mcp"),
+		Logger:              log,
 		// Every request needs a bearer token, which a page that rebinds a
 		// name to the loopback address does not have; and a server behind
 		// a reverse proxy on loopback sees its public host name.
@@ -211,6 +214,16 @@ func (m *mcpEdge) closeAll(wait time.Duration) {
 	case <-time.After(wait):
 	}
 }
+
+// warnOnly passes records of level warning and above.
+type warnOnly struct{ slog.Handler }
+
+func (h warnOnly) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= slog.LevelWarn && h.Handler.Enabled(ctx, l)
+}
+
+func (h warnOnly) WithAttrs(a []slog.Attr) slog.Handler { return warnOnly{h.Handler.WithAttrs(a)} }
+func (h warnOnly) WithGroup(n string) slog.Handler      { return warnOnly{h.Handler.WithGroup(n)} }
 
 // mcpWriter calls onHeader once, just before the response's header is
 // sent.
