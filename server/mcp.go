@@ -345,15 +345,17 @@ type internalError string
 func (e internalError) Error() string { return string(e) }
 
 func (s *Server) auditToolCall(call *mcpCall, tool string, res mcp.Result, err error) {
-	action := "mcp.unknown_tool"
-	if s.mcp.tools[tool] {
-		action = "mcp." + tool
-	} else {
+	known := s.mcp.tools[tool]
+	action := "mcp." + tool
+	if !known {
+		action = "mcp.unknown_tool"
 		call.note("tool", clip(tool, 64))
 	}
 	status, outcome := http.StatusOK, "ok"
 	tr, _ := res.(*mcp.CallToolResult)
 	switch {
+	case err != nil && !known:
+		status, outcome = http.StatusNotFound, "error"
 	case err != nil:
 		status, outcome = http.StatusInternalServerError, "error"
 	case tr != nil && tr.IsError:

@@ -252,6 +252,8 @@ func TestMCPEdge(t *testing.T) {
 	// Authentication: the contract's 401; a session is its token's only.
 	contractError(t, mcpRaw(t, ts.URL, "POST", "", "", toolsList), 401, "unauthenticated")
 	contractError(t, mcpRaw(t, ts.URL, "POST", "nope", "", toolsList), 401, "unauthenticated")
+	big := `{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"x":"` + strings.Repeat("a", 2<<20) + `"}}`
+	contractError(t, mcpRaw(t, ts.URL, "POST", e.token, cs.ID(), big), 413, "too_large")
 	other := createToken(t, e)
 	for _, m := range []string{"POST", "GET", "DELETE"} {
 		body := ""
@@ -272,6 +274,10 @@ func TestMCPEdge(t *testing.T) {
 	}
 	mcpOK[sandboxObject](t, cs, "teardown_sandbox", map[string]any{"sessionId": gen.SessionID})
 
+	if _, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "no_such_tool"}); err == nil {
+		t.Error("an unknown tool answered")
+	}
+
 	// Audit: every call, with the identity and the session.
 	e.db.FlushAudit(context.Background())
 	recs, err := e.db.ListAudit(context.Background(), store.AuditFilter{OrgID: e.owner.Org.ID, Action: "mcp.run_command"})
@@ -287,6 +293,10 @@ func TestMCPEdge(t *testing.T) {
 	}
 	if outcomes["ok:m1"] != 1 || outcomes["error:m1"] != 2 || outcomes["denied:m1"] != 1 || outcomes["error:nosuch"] != 1 {
 		t.Fatalf("run_command audit outcomes %v", outcomes)
+	}
+	recs, _ = e.db.ListAudit(context.Background(), store.AuditFilter{OrgID: e.owner.Org.ID, Action: "mcp.unknown_tool"})
+	if len(recs) != 1 || recs[0].Status != 404 || recs[0].Details["tool"] != "no_such_tool" {
+		t.Fatalf("unknown tool audit: %+v", recs)
 	}
 }
 
