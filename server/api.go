@@ -45,6 +45,13 @@ func auditDetail(c *gin.Context, k string, v any) {
 	d[k] = v
 }
 
+// noteFn receives a detail for the audit record of the request (REST) or
+// tool call (MCP) that the shared code runs for.
+type noteFn func(k string, v any)
+
+// ginNote notes into c's audit record.
+func ginNote(c *gin.Context) noteFn { return func(k string, v any) { auditDetail(c, k, v) } }
+
 func (s *Server) routes() *gin.Engine {
 	gin.SetMode(gin.ReleaseMode)
 	e := gin.New()
@@ -95,6 +102,12 @@ func (s *Server) routes() *gin.Engine {
 	// (CONNECT and TRACE are not proxied.)
 	for _, m := range []string{"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"} {
 		e.Handle(m, proxyRoute, s.portalRedirect, s.authenticate, s.require(PermProjectUpdate), s.proxyAPI)
+	}
+
+	// The Model Context Protocol (mcp.go): the same tokens; each tool call
+	// checks its permission and is audited (mcp.<tool>).
+	for _, m := range []string{"POST", "GET", "DELETE"} {
+		e.Handle(m, "/mcp", s.bodyLimit, s.authenticate, s.serveMCP)
 	}
 
 	op("GET", "/me", "me.get", "", s.me)

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"regexp"
@@ -12,6 +13,7 @@ import (
 	"sandboxd/server/errdefs"
 	"sandboxd/server/procs"
 	"sandboxd/server/sandbox"
+	"sandboxd/store"
 )
 
 // Code: POST /v1/sandbox/python/:sessionId and /node/:sessionId run code in
@@ -57,104 +59,111 @@ func (s *Server) runCode(lang string) gin.HandlerFunc {
 			s.writeError(c, err)
 			return
 		}
-		if req.Code == "" || len(req.Code) > maxCodeBytes {
-			s.writeError(c, badRequest("code: required, at most 1 MiB"))
-			return
-		}
-		if req.ContextID == "" {
-			req.ContextID = defaultContextID
-		}
-		if !contextIDRe.MatchString(req.ContextID) {
-			s.writeError(c, badRequest("contextId: 1-64 characters of letters, digits, '.', '_' or '-', starting with a letter or digit"))
-			return
-		}
-		timeout, aerr := s.timeout(req.TimeoutMs, 30*time.Second)
-		if aerr != nil {
-			s.writeError(c, aerr)
-			return
-		}
-		auditDetail(c, "contextId", req.ContextID)
-		cmd, err := s.sessions.Command(c.Request.Context(), *ses, sandbox.Admit{NotRunning: "code runs only in a running session", Slot: true})
+		resp, err := s.runCodeIn(c.Request.Context(), ses, lang, &req, ginNote(c))
 		if err != nil {
 			s.writeError(c, err)
 			return
 		}
-		defer cmd.End()
-		// A run waits for the context's previous one at most its own timeout,
-		// and never runs for a client that has gone.
-		k, aerr := s.contexts.Acquire(c.Request.Context(), procs.Key{PK: ses.ID, Lang: lang, ContextID: req.ContextID}, timeout)
-		if aerr != nil {
-			s.writeError(c, aerr)
-			return
-		}
-		defer k.Release()
-		set := cmd.Scrubber
-		if !k.Started() {
-			env := sandbox.SetEnv(cmd.Env(nil), "MPLBACKEND", "Agg")
-			// A frame holds the result (at most 4 bytes a character in UTF-8)
-			// and the rich output.
-			maxFrame := 4*s.cfg.Limits.ExecOutputBytes + interp.MaxDisplayBytes + 64<<10
-			if err := k.Start(c.Request.Context(), s.rt, ses.ContainerID, env, maxFrame); err != nil {
-				s.contexts.Drop(k)
-				s.log.Warn("start code context", "session", ses.SessionID, "language", lang, "err", err)
-				s.sessions.NoteDead(ses.ID)
-				s.writeError(c, errdefs.Conflict("the %s context could not start: %s", lang, procs.AgentMessage(err)))
-				return
-			}
-		}
-		s.logs.Event(ses.ID, "process_start", map[string]any{"runtime": lang, "contextId": req.ContextID,
-			"code": clip(set.RedactString(req.Code), 256)})
-		out := newCappedOutput(s.cfg.Limits.ExecOutputBytes)
-		stdout, stderr := set.NewWriter(out.writer(&out.stdout)), set.NewWriter(out.writer(&out.stderr))
-		start := time.Now()
-		res, timedOut, runErr := k.Run(c.Request.Context(), req.Code, s.cfg.Limits.ExecOutputBytes, timeout, stdout, stderr)
-		stdout.Close()
-		stderr.Close()
-		if errors.Is(runErr, procs.ErrRunPaused) {
-			// Interrupted for a pause: the context and its state stay.
-			res = interp.Result{Error: &interp.Error{Name: "SessionPaused", Value: "the session was paused during the run: the run was interrupted " +
-				"(its output so far is above) and the context keeps its state; resume the session and run again"}}
-			runErr = nil
-		}
-		if runErr != nil {
-			// The context is gone (it exited, or ignored the interrupt and was
-			// killed): the next run starts a fresh one.
-			s.contexts.Drop(k)
-			k.Kill()
-			s.sessions.NoteDead(ses.ID)
-			name, msg := "ContextLost", "the context's process ended; its state is gone and the next run starts a fresh context"
-			if timedOut {
-				name, msg = "Timeout", "the run did not stop within timeoutMs after an interrupt; the context was restarted and its state is gone"
-			}
-			res = interp.Result{Error: &interp.Error{Name: name, Value: msg}}
-		}
-		resp := codeResponse{
-			Stdout: out.stdout.String(), Stderr: out.stderr.String(), Error: res.Error,
-			ContextID: req.ContextID, DurationMs: time.Since(start).Milliseconds(), TimedOut: timedOut,
-		}
-		resp.Truncated = out.truncated || res.Truncated
-		redact := set.RedactString
-		if res.Result != nil {
-			r := redact(*res.Result)
-			if len(r) > s.cfg.Limits.ExecOutputBytes {
-				r, resp.Truncated = r[:s.cfg.Limits.ExecOutputBytes], true
-			}
-			resp.Result = &r
-		}
-		if resp.Error != nil {
-			e := resp.Error
-			e.Name, e.Value, e.Traceback = clip(redact(e.Name), 256), redact(e.Value), redact(e.Traceback)
-		}
-		resp.Display = make([]interp.Display, 0, len(res.Display))
-		for _, d := range res.Display {
-			resp.Display = append(resp.Display, interp.Display{Mime: clip(redact(d.Mime), 128), Data: redact(d.Data)})
-		}
-		exit := map[string]any{"runtime": lang, "contextId": req.ContextID, "durationMs": resp.DurationMs, "timedOut": timedOut}
-		if resp.Error != nil {
-			exit["error"] = resp.Error.Name
-		}
-		s.logs.Event(ses.ID, "process_exit", exit)
-		auditDetail(c, "durationMs", resp.DurationMs)
 		c.JSON(http.StatusOK, resp)
 	}
+}
+
+// runCodeIn checks req and runs its code in a code context of lang in ses:
+// the REST code run's and the MCP run_code's one path. The answer passes
+// the session's scrubber and the output cap; note receives the audit
+// details.
+func (s *Server) runCodeIn(ctx context.Context, ses *store.Session, lang string, req *codeRequest, note noteFn) (codeResponse, error) {
+	if req.Code == "" || len(req.Code) > maxCodeBytes {
+		return codeResponse{}, badRequest("code: required, at most 1 MiB")
+	}
+	if req.ContextID == "" {
+		req.ContextID = defaultContextID
+	}
+	if !contextIDRe.MatchString(req.ContextID) {
+		return codeResponse{}, badRequest("contextId: 1-64 characters of letters, digits, '.', '_' or '-', starting with a letter or digit")
+	}
+	timeout, aerr := s.timeout(req.TimeoutMs, 30*time.Second)
+	if aerr != nil {
+		return codeResponse{}, aerr
+	}
+	note("contextId", req.ContextID)
+	cmd, err := s.sessions.Command(ctx, *ses, sandbox.Admit{NotRunning: "code runs only in a running session", Slot: true})
+	if err != nil {
+		return codeResponse{}, err
+	}
+	defer cmd.End()
+	// A run waits for the context's previous one at most its own timeout,
+	// and never runs for a client that has gone.
+	k, aerr := s.contexts.Acquire(ctx, procs.Key{PK: ses.ID, Lang: lang, ContextID: req.ContextID}, timeout)
+	if aerr != nil {
+		return codeResponse{}, aerr
+	}
+	defer k.Release()
+	set := cmd.Scrubber
+	if !k.Started() {
+		env := sandbox.SetEnv(cmd.Env(nil), "MPLBACKEND", "Agg")
+		// A frame holds the result (at most 4 bytes a character in UTF-8)
+		// and the rich output.
+		maxFrame := 4*s.cfg.Limits.ExecOutputBytes + interp.MaxDisplayBytes + 64<<10
+		if err := k.Start(ctx, s.rt, ses.ContainerID, env, maxFrame); err != nil {
+			s.contexts.Drop(k)
+			s.log.Warn("start code context", "session", ses.SessionID, "language", lang, "err", err)
+			s.sessions.NoteDead(ses.ID)
+			return codeResponse{}, errdefs.Conflict("the %s context could not start: %s", lang, procs.AgentMessage(err))
+		}
+	}
+	s.logs.Event(ses.ID, "process_start", map[string]any{"runtime": lang, "contextId": req.ContextID,
+		"code": clip(set.RedactString(req.Code), 256)})
+	out := newCappedOutput(s.cfg.Limits.ExecOutputBytes)
+	stdout, stderr := set.NewWriter(out.writer(&out.stdout)), set.NewWriter(out.writer(&out.stderr))
+	start := time.Now()
+	res, timedOut, runErr := k.Run(ctx, req.Code, s.cfg.Limits.ExecOutputBytes, timeout, stdout, stderr)
+	stdout.Close()
+	stderr.Close()
+	if errors.Is(runErr, procs.ErrRunPaused) {
+		// Interrupted for a pause: the context and its state stay.
+		res = interp.Result{Error: &interp.Error{Name: "SessionPaused", Value: "the session was paused during the run: the run was interrupted " +
+			"(its output so far is above) and the context keeps its state; resume the session and run again"}}
+		runErr = nil
+	}
+	if runErr != nil {
+		// The context is gone (it exited, or ignored the interrupt and was
+		// killed): the next run starts a fresh one.
+		s.contexts.Drop(k)
+		k.Kill()
+		s.sessions.NoteDead(ses.ID)
+		name, msg := "ContextLost", "the context's process ended; its state is gone and the next run starts a fresh context"
+		if timedOut {
+			name, msg = "Timeout", "the run did not stop within timeoutMs after an interrupt; the context was restarted and its state is gone"
+		}
+		res = interp.Result{Error: &interp.Error{Name: name, Value: msg}}
+	}
+	resp := codeResponse{
+		Stdout: out.stdout.String(), Stderr: out.stderr.String(), Error: res.Error,
+		ContextID: req.ContextID, DurationMs: time.Since(start).Milliseconds(), TimedOut: timedOut,
+	}
+	resp.Truncated = out.truncated || res.Truncated
+	redact := set.RedactString
+	if res.Result != nil {
+		r := redact(*res.Result)
+		if len(r) > s.cfg.Limits.ExecOutputBytes {
+			r, resp.Truncated = r[:s.cfg.Limits.ExecOutputBytes], true
+		}
+		resp.Result = &r
+	}
+	if resp.Error != nil {
+		e := resp.Error
+		e.Name, e.Value, e.Traceback = clip(redact(e.Name), 256), redact(e.Value), redact(e.Traceback)
+	}
+	resp.Display = make([]interp.Display, 0, len(res.Display))
+	for _, d := range res.Display {
+		resp.Display = append(resp.Display, interp.Display{Mime: clip(redact(d.Mime), 128), Data: redact(d.Data)})
+	}
+	exit := map[string]any{"runtime": lang, "contextId": req.ContextID, "durationMs": resp.DurationMs, "timedOut": timedOut}
+	if resp.Error != nil {
+		exit["error"] = resp.Error.Name
+	}
+	s.logs.Event(ses.ID, "process_exit", exit)
+	note("durationMs", resp.DurationMs)
+	return resp, nil
 }

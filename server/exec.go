@@ -2,6 +2,7 @@ package server
 
 import (
 	"bytes"
+	"context"
 	"net/http"
 	"strings"
 	"sync"
@@ -69,30 +70,38 @@ func (s *Server) exec(c *gin.Context) {
 		s.writeError(c, badRequest("action: must be \"exec\" or \"kill\""))
 		return
 	}
-	if strings.TrimSpace(req.Command) == "" || len(req.Command) > maxCommandBytes || strings.ContainsRune(req.Command, 0) {
-		s.writeError(c, badRequest("command: required, under 256 KiB, without NUL bytes"))
+	resp, err := s.execCommand(c.Request.Context(), ses, &req, ginNote(c))
+	if err != nil {
+		s.writeError(c, err)
 		return
+	}
+	c.JSON(http.StatusOK, resp)
+}
+
+// execCommand checks req (action exec) and runs its command in ses to
+// completion: the REST exec's and the MCP run_command's one path. Output
+// passes the session's scrubber, then the shared cap; note receives the
+// audit details.
+func (s *Server) execCommand(ctx context.Context, ses *store.Session, req *execRequest, note noteFn) (execResponse, error) {
+	if strings.TrimSpace(req.Command) == "" || len(req.Command) > maxCommandBytes || strings.ContainsRune(req.Command, 0) {
+		return execResponse{}, badRequest("command: required, under 256 KiB, without NUL bytes")
 	}
 	if req.Cwd == "" {
 		req.Cwd = runsc.Workspace
 	}
 	if !validCwd(req.Cwd) {
-		s.writeError(c, badRequest("cwd: must be an absolute, normalized path"))
-		return
+		return execResponse{}, badRequest("cwd: must be an absolute, normalized path")
 	}
 	if e := checkEnv("env", req.Env); e != nil {
-		s.writeError(c, e)
-		return
+		return execResponse{}, e
 	}
 	timeout, err := s.timeout(req.TimeoutMs, time.Duration(s.cfg.Limits.ExecDefaultTimeoutMs)*time.Millisecond)
 	if err != nil {
-		s.writeError(c, err)
-		return
+		return execResponse{}, err
 	}
-	cmd, err := s.sessions.Command(c.Request.Context(), *ses, sandbox.Admit{NotRunning: "commands run only in a running session", Slot: true})
+	cmd, err := s.sessions.Command(ctx, *ses, sandbox.Admit{NotRunning: "commands run only in a running session", Slot: true})
 	if err != nil {
-		s.writeError(c, err)
-		return
+		return execResponse{}, err
 	}
 	defer cmd.End()
 	// Output passes the session's scrubber first, then the shared cap: what
@@ -113,14 +122,13 @@ func (s *Server) exec(c *gin.Context) {
 		xr.Stdin = strings.NewReader(*req.Stdin)
 	}
 	s.logs.Event(ses.ID, "process_start", map[string]any{"command": clip(set.RedactString(req.Command), 256), "cwd": req.Cwd})
-	res, err := s.sessions.Exec(c.Request.Context(), cmd, xr)
+	res, err := s.sessions.Exec(ctx, cmd, xr)
 	cmd.End()
 	stdout.Close()
 	stderr.Close()
 	s.met.exec.Observe(res.Duration.Seconds())
 	if err != nil {
-		s.writeError(c, err)
-		return
+		return execResponse{}, err
 	}
 	redactions := map[string]int64{}
 	for _, w := range []*scrub.Writer{stdout, stderr} {
@@ -132,9 +140,9 @@ func (s *Server) exec(c *gin.Context) {
 	}
 	s.logs.Event(ses.ID, "process_exit", map[string]any{"exitCode": res.ExitCode, "durationMs": res.Duration.Milliseconds(),
 		"timedOut": res.TimedOut, "oom": res.OOM, "redactions": redactions})
-	auditDetail(c, "exitCode", res.ExitCode)
-	auditDetail(c, "durationMs", res.Duration.Milliseconds())
-	c.JSON(http.StatusOK, execResponse{
+	note("exitCode", res.ExitCode)
+	note("durationMs", res.Duration.Milliseconds())
+	return execResponse{
 		ExitCode:   res.ExitCode,
 		Stdout:     out.stdout.String(),
 		Stderr:     out.stderr.String(),
@@ -142,7 +150,7 @@ func (s *Server) exec(c *gin.Context) {
 		TimedOut:   res.TimedOut,
 		Truncated:  out.truncated,
 		OOM:        res.OOM,
-	})
+	}, nil
 }
 
 // killAll: {"action": "kill"} stops every process in the sandbox but its

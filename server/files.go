@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"encoding/hex"
 	"errors"
 	"io"
@@ -39,10 +40,8 @@ const (
 
 func (s *Server) fileIODeadline() time.Duration { return time.Duration(s.fileIO.Load()) }
 
-// withWorkspace runs fn with the session's workspace, under the session's
-// lock, the I/O deadline set. A running session's mounted disk is used; a
-// stopped or failed one's saved disk is mounted read-only for the call
-// (reads only).
+// withWorkspace runs fn with the session's workspace (useWorkspace), the
+// I/O deadline set on the client's connection; fn answers its own errors.
 func (s *Server) withWorkspace(c *gin.Context, write bool, fn func(ses *store.Session, d *workspace.Dir, set *scrub.Set)) {
 	id, ok := s.sessionID(c)
 	if !ok {
@@ -60,9 +59,23 @@ func (s *Server) withWorkspace(c *gin.Context, write bool, fn func(ses *store.Se
 			rc.SetReadDeadline(time.Time{})
 		}
 	}()
-	// Errors inside fn are answered there; Use's own (no such session)
-	// here.
-	err := s.sessions.Use(c.Request.Context(), principal(c).Org.ID, id, func(ses *store.Session) error {
+	// Errors inside fn are answered there; useWorkspace's own (no such
+	// session, wrong state) here.
+	err := s.useWorkspace(c.Request.Context(), principal(c).Org.ID, id, write, func(ses *store.Session, d *workspace.Dir, set *scrub.Set) error {
+		fn(ses, d, set)
+		return nil
+	})
+	if err != nil {
+		s.writeError(c, err)
+	}
+}
+
+// useWorkspace runs fn with the session's workspace under the session's
+// lock and returns its error. A running session's mounted disk is used; a
+// stopped or failed one's saved disk is mounted read-only for the call
+// (reads only). set is the session's scrubber.
+func (s *Server) useWorkspace(ctx context.Context, orgID, id string, write bool, fn func(ses *store.Session, d *workspace.Dir, set *scrub.Set) error) error {
+	return s.sessions.Use(ctx, orgID, id, func(ses *store.Session) error {
 		readOnly := false
 		switch {
 		case ses.Status == store.StatusRunning:
@@ -75,7 +88,7 @@ func (s *Server) withWorkspace(c *gin.Context, write bool, fn func(ses *store.Se
 		}
 		if readOnly {
 			// The node may have no copy of the saved workspace (any more).
-			if err := s.sessions.EnsureDiskLocked(c.Request.Context(), ses); err != nil {
+			if err := s.sessions.EnsureDiskLocked(ctx, ses); err != nil {
 				return err
 			}
 		}
@@ -92,12 +105,8 @@ func (s *Server) withWorkspace(c *gin.Context, write bool, fn func(ses *store.Se
 			}
 		}()
 		set := s.sessions.Scrubber(ses.ID)
-		fn(ses, s.files.Dir(dir, ses.ID, set), set)
-		return nil
+		return fn(ses, s.files.Dir(dir, ses.ID, set), set)
 	})
-	if err != nil {
-		s.writeError(c, err)
-	}
 }
 
 // getFiles: GET /v1/sandbox/:sessionId/files?path=. A directory lists its

@@ -21,6 +21,8 @@ func (s *Server) apiServer(ln net.Listener) (*http.Server, *capListener) {
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       time.Duration(s.cfg.Limits.APIIdleSeconds) * time.Second,
 	}
+	// MCP sessions' GET streams never end by themselves.
+	hs.RegisterOnShutdown(func() { s.mcp.closeAll(10 * time.Second) })
 	max := int64(s.cfg.Limits.MaxAPIConns)
 	if max <= 0 {
 		max = egress.FDShare()

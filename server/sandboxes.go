@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"net/http"
 	"slices"
 	"strings"
@@ -83,16 +84,25 @@ func (s *Server) provision(c *gin.Context) {
 	}
 	c.Params = append(c.Params, gin.Param{Key: "sessionId", Value: req.SessionID}) // for the audit record
 	auditDetail(c, "size", size.Name)
+	ses, err := s.provisionChecked(c.Request.Context(), principal(c), &req, size, ginNote(c))
+	if err != nil {
+		s.writeError(c, err)
+		return
+	}
+	c.JSON(http.StatusCreated, s.sandboxJSON(c.Request, &ses))
+}
+
+// provisionChecked provisions a request validateProvision accepted, for p:
+// the REST provision's and the MCP create_sandbox's one path.
+func (s *Server) provisionChecked(ctx context.Context, p store.Principal, req *provisionRequest, size config.Size, note noteFn) (store.Session, error) {
 	if req.GitRepo != "" {
 		// Cloning uses the caller's connected Git credential.
-		connected, _, err := s.db.GitConnected(c.Request.Context(), principal(c).User.ID)
+		connected, _, err := s.db.GitConnected(ctx, p.User.ID)
 		if err != nil {
-			s.writeError(c, err)
-			return
+			return store.Session{}, err
 		}
 		if !connected {
-			s.writeError(c, errdefs.New(errdefs.ErrPrecondition, "gitRepo needs a connected GitHub credential (PUT /v1/me/github); nothing was provisioned").WithCode("github_not_connected"))
-			return
+			return store.Session{}, errdefs.New(errdefs.ErrPrecondition, "gitRepo needs a connected GitHub credential (PUT /v1/me/github); nothing was provisioned").WithCode("github_not_connected")
 		}
 	}
 	idle := 0
@@ -100,17 +110,16 @@ func (s *Server) provision(c *gin.Context) {
 		idle = *req.IdleTimeoutSeconds
 	}
 	start := time.Now()
-	ses, err := s.sessions.Provision(c.Request.Context(), principal(c), sandbox.Spec{
+	ses, err := s.sessions.Provision(ctx, p, sandbox.Spec{
 		SessionID: req.SessionID, ProjectID: req.ProjectID, Size: size, RequestedSize: req.Size,
 		Env: req.Env, Secrets: req.Secrets, IdleTimeoutSeconds: idle, IdleAction: req.IdleAction,
 		GitRepo: req.GitRepo, GitBranch: req.GitBranch,
 	})
 	if err != nil {
-		s.writeError(c, err)
-		return
+		return store.Session{}, err
 	}
-	s.startTook(c, start)
-	c.JSON(http.StatusCreated, s.sandboxJSON(c.Request, &ses))
+	s.startTook(note, start)
+	return ses, nil
 }
 
 // sessionFor loads the caller's session by its id: unknown ids and other
@@ -175,9 +184,14 @@ func (s *Server) teardown(c *gin.Context) {
 		s.writeError(c, err)
 		return
 	}
-	auditDetail(c, "workspaceBytes", res.WorkspaceBytes)
-	auditDetail(c, "savedBytes", res.SavedBytes)
-	obj := s.sandboxJSON(c.Request, &ses)
+	c.JSON(http.StatusOK, s.teardownJSON(c.Request, &ses, res, ginNote(c)))
+}
+
+// teardownJSON is a torn down session's object with its teardown report.
+func (s *Server) teardownJSON(r *http.Request, ses *store.Session, res sandbox.Teardown, note noteFn) sandboxObject {
+	note("workspaceBytes", res.WorkspaceBytes)
+	note("savedBytes", res.SavedBytes)
+	obj := s.sandboxJSON(r, ses)
 	obj.Teardown = &teardownResult{WorkspaceBytes: res.WorkspaceBytes, SavedBytes: res.SavedBytes, GitCommits: []string{}}
 	if g := res.Git; g != nil {
 		obj.Teardown.GitPushed, obj.Teardown.GitCommits = g.Pushed, g.Commits
@@ -187,10 +201,10 @@ func (s *Server) teardown(c *gin.Context) {
 		if g.Error != "" {
 			obj.Teardown.GitError = &g.Error
 		}
-		auditDetail(c, "gitPushed", g.Pushed)
-		auditDetail(c, "gitCommits", len(g.Commits))
+		note("gitPushed", g.Pushed)
+		note("gitCommits", len(g.Commits))
 	}
-	c.JSON(http.StatusOK, obj)
+	return obj
 }
 
 // teardownResult is the contract's teardown report. gitError is a class
@@ -233,7 +247,7 @@ func (s *Server) resume(c *gin.Context) {
 		s.writeError(c, err)
 		return
 	}
-	s.startTook(c, start)
+	s.startTook(ginNote(c), start)
 	c.JSON(http.StatusOK, s.sandboxJSON(c.Request, &ses))
 }
 
@@ -331,7 +345,7 @@ func (s *Server) sandboxJSON(r *http.Request, ses *store.Session) sandboxObject 
 
 // startTook records how long a provision or resume took to a running
 // sandbox (audit and metrics).
-func (s *Server) startTook(c *gin.Context, start time.Time) {
-	auditDetail(c, "provisionMs", time.Since(start).Milliseconds())
+func (s *Server) startTook(note noteFn, start time.Time) {
+	note("provisionMs", time.Since(start).Milliseconds())
 	s.met.provision.Observe(time.Since(start).Seconds())
 }

@@ -82,6 +82,7 @@ type Server struct {
 	keys     *portal.Keyring // signs portal cookies
 	roles    roleCache       // tokens' roles, for portal requests
 	opens    proxyOpens      // API clients' portal opens, for the audit log
+	mcp      *mcpEdge        // the MCP endpoint (mcp.go)
 	// fileIO bounds a file transfer (ns; defaultFileIO, tests shorten it).
 	fileIO atomic.Int64
 	// stdLogClock is the clock of the standard library log's rate limit.
@@ -267,11 +268,13 @@ func newServer(cfg *config.Config, db *store.DB, rt Runtime, img string, log *sl
 		FrameAncestors: cfg.Portal.FrameAncestors,
 		ServiceIdle:    time.Duration(cfg.Portal.ServiceIdleSeconds) * time.Second,
 	})
+	s.newMCP()
 	s.engine = s.routes()
 	// Close in this order: no new lifecycle work, then what runs in
 	// sessions, then the proxy (ending every tunnel, so bytes in flight
 	// are counted before the counts are saved), then the store (draining
 	// its writers: audit, events, usage).
+	s.onClose("mcp sessions", func() error { s.mcp.closeAll(5 * time.Second); return nil })
 	s.onClose("monitor", func() error { s.sessions.Close(); return nil })
 	s.onClose("terminals", func() error { s.terms.Close(); return nil })
 	s.onClose("portal", func() error { s.portal.Close(); return nil })
