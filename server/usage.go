@@ -198,9 +198,6 @@ func (s *Server) setPlan(c *gin.Context) {
 	c.JSON(http.StatusOK, gin.H{"organization": gin.H{"id": org.ID, "name": org.Name}, "plan": planOut(pl)})
 }
 
-// maxGrant bounds one grant (a typo's damage).
-const maxGrant credits.Milli = 1_000_000_000 // a million credits
-
 // grantCredits: POST /v1/orgs/:orgId/credits {"credits": 100, "note": "..."}
 // adds credits to the organization's current period (operators).
 func (s *Server) grantCredits(c *gin.Context) {
@@ -216,9 +213,9 @@ func (s *Server) grantCredits(c *gin.Context) {
 		s.writeError(c, err)
 		return
 	}
-	amt, err := credits.ParseMilli(req.Credits.String())
-	if err != nil || amt == 0 || amt > maxGrant || amt < -maxGrant {
-		s.writeError(c, badRequest("credits: a nonzero number of credits with at most 3 decimals, at most %s either way (negative takes back)", maxGrant))
+	amt, err := credits.ParseGrant(req.Credits.String())
+	if err != nil {
+		s.writeError(c, badRequest("%v", err))
 		return
 	}
 	if len(req.Note) > 500 {

@@ -149,6 +149,26 @@ func (db *DB) GetOrg(ctx context.Context, orgID string) (Org, OrgPlan, error) {
 	return o, op, nil
 }
 
+// ListOrgs lists every organization, oldest first.
+func (db *DB) ListOrgs(ctx context.Context) ([]Org, error) {
+	rows, err := db.r.QueryContext(ctx, `SELECT id, name, created_at FROM orgs ORDER BY created_at, id`)
+	if err != nil {
+		return nil, fmt.Errorf("store: list orgs: %w", err)
+	}
+	defer rows.Close()
+	var out []Org
+	for rows.Next() {
+		var o Org
+		var at int64
+		if err := rows.Scan(&o.ID, &o.Name, &at); err != nil {
+			return nil, fmt.Errorf("store: list orgs: %w", err)
+		}
+		o.CreatedAt = fromTS(at)
+		out = append(out, o)
+	}
+	return out, rows.Err()
+}
+
 // FindOrg returns the organization with this id or, failing that, this
 // name (names are not unique: more than one is ErrConflict).
 func (db *DB) FindOrg(ctx context.Context, idOrName string) (Org, error) {

@@ -61,6 +61,20 @@ func ParseMilli(s string) (Milli, error) {
 	return v, nil
 }
 
+// MaxGrant bounds one credit grant either way (a typo's damage): a
+// million credits.
+const MaxGrant Milli = 1_000_000_000
+
+// ParseGrant reads an operator's credit grant: a nonzero amount with at
+// most three decimals, at most MaxGrant either way (negative takes back).
+func ParseGrant(s string) (Milli, error) {
+	amt, err := ParseMilli(s)
+	if err != nil || amt == 0 || amt > MaxGrant || amt < -MaxGrant {
+		return 0, fmt.Errorf("credits: a nonzero number of credits with at most 3 decimals, at most %s either way (negative takes back)", MaxGrant)
+	}
+	return amt, nil
+}
+
 // String formats an amount as decimal credits ("1.5", "-0.001", "3").
 func (m Milli) String() string {
 	sign := ""

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"time"
 
 	"sandboxd/server/config"
@@ -41,21 +42,32 @@ func (u Usage) Remaining() credits.Milli { return u.Allowance + u.Granted - u.Su
 // table, as in unit tests of other parts, runs without).
 func (m *Manager) billing() bool { return len(m.plans.List) > 0 }
 
+// UsageStore is what computing usage reads.
+type UsageStore interface {
+	GetOrg(ctx context.Context, orgID string) (store.Org, store.OrgPlan, error)
+	CreditsGranted(ctx context.Context, orgID string, from, to time.Time) (int64, error)
+	Runs(ctx context.Context, orgID string, from, to time.Time) ([]store.Run, error)
+}
+
 // OrgPlan returns an organization's plan and anchor day.
 func (m *Manager) OrgPlan(ctx context.Context, orgID string) (config.Plan, int, error) {
-	_, op, err := m.db.GetOrg(ctx, orgID)
+	return OrgPlan(ctx, m.db, m.plans, orgID, m.log)
+}
+
+// OrgPlan returns an organization's plan in plans and its anchor day; an
+// organization on a plan no longer in the table gets the default (logged).
+func OrgPlan(ctx context.Context, db UsageStore, plans config.Plans, orgID string, log *slog.Logger) (config.Plan, int, error) {
+	_, op, err := db.GetOrg(ctx, orgID)
 	if err != nil {
 		if errors.Is(err, store.ErrNotFound) {
 			return config.Plan{}, 0, errdefs.NotFound("no such organization")
 		}
 		return config.Plan{}, 0, err
 	}
-	pl, ok := m.plans.Get(op.Plan)
+	pl, ok := plans.Get(op.Plan)
 	if !ok {
-		// A plan removed from the table: the default applies, and the
-		// operator is told.
-		m.log.Warn("organization on an unknown plan; the default applies", "org", orgID, "plan", op.Plan)
-		pl, _ = m.plans.Get("")
+		log.Warn("organization on an unknown plan; the default applies", "org", orgID, "plan", op.Plan)
+		pl, _ = plans.Get("")
 	}
 	return pl, op.AnchorDay, nil
 }
@@ -63,21 +75,27 @@ func (m *Manager) OrgPlan(ctx context.Context, orgID string) (config.Plan, int, 
 // Usage computes an organization's usage in the period holding at (zero:
 // now). Open runs count up to now.
 func (m *Manager) Usage(ctx context.Context, orgID string, at time.Time) (Usage, error) {
-	now := m.now()
+	return UsageAt(ctx, m.db, m.plans, orgID, m.now(), at, m.log)
+}
+
+// UsageAt computes an organization's usage in the period holding at (zero:
+// now), open runs counted up to now: the server's and the operator
+// commands' one way to get it.
+func UsageAt(ctx context.Context, db UsageStore, plans config.Plans, orgID string, now, at time.Time, log *slog.Logger) (Usage, error) {
 	if at.IsZero() {
 		at = now
 	}
-	pl, anchor, err := m.OrgPlan(ctx, orgID)
+	pl, anchor, err := OrgPlan(ctx, db, plans, orgID, log)
 	if err != nil {
 		return Usage{}, err
 	}
 	u := Usage{Plan: pl, Period: credits.PeriodAt(anchor, at), Allowance: pl.MonthlyCredits}
-	g, err := m.db.CreditsGranted(ctx, orgID, u.Period.Start, u.Period.End)
+	g, err := db.CreditsGranted(ctx, orgID, u.Period.Start, u.Period.End)
 	if err != nil {
 		return Usage{}, err
 	}
 	u.Granted = credits.Milli(g)
-	if u.Runs, err = m.db.Runs(ctx, orgID, u.Period.Start, u.Period.End); err != nil {
+	if u.Runs, err = db.Runs(ctx, orgID, u.Period.Start, u.Period.End); err != nil {
 		return Usage{}, err
 	}
 	runs := make([]credits.Run, len(u.Runs))
