@@ -9,7 +9,7 @@ BIN     := $(CURDIR)/bin
 GOFLAGS := -trimpath
 export CGO_ENABLED := 0
 
-.PHONY: all build root-check host-packages image run test test-unit bench clean-leftovers fmt
+.PHONY: all build root-check host-packages image run test test-unit bench install fmt
 
 all: build
 
@@ -59,6 +59,28 @@ test-unit:
 bench: root-check host-packages build image
 	SANDBOXD_BIN=$(BIN) $(GO) test -count=1 -run '^$$' -bench . -benchtime 20x -timeout 30m ./server/
 	$(GO) test -count=1 -run '^$$' -bench Scrub -benchtime 2s ./streams/scrub/
+
+# Installs the binaries, the systemd unit and a sample config (kept if
+# /etc/sandboxd/sandboxd.yaml exists): sandboxd, runsc and the agent in
+# $(PREFIX)/lib/sandboxd (sandboxd finds the other two next to itself),
+# sandboxd and sbx on PATH. DESTDIR stages it elsewhere (packaging, tests).
+PREFIX  ?= /usr/local
+DESTDIR ?=
+LIBDIR  := $(DESTDIR)$(PREFIX)/lib/sandboxd
+install: root-check host-packages build
+	install -d $(LIBDIR) $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/doc/sandboxd \
+		$(DESTDIR)/etc/sandboxd $(DESTDIR)/etc/systemd/system
+	install -m 0755 $(BIN)/sandboxd $(BIN)/sandboxd-agent $(BIN)/runsc $(LIBDIR)/
+	ln -sfn ../lib/sandboxd/sandboxd $(DESTDIR)$(PREFIX)/bin/sandboxd
+	install -m 0755 $(BIN)/sbx $(DESTDIR)$(PREFIX)/bin/sbx
+	sed 's|/usr/local/|$(PREFIX)/|g' configs/install/sandboxd.service > $(DESTDIR)/etc/systemd/system/sandboxd.service
+	chmod 0644 $(DESTDIR)/etc/systemd/system/sandboxd.service
+	@if [ -e $(DESTDIR)/etc/sandboxd/sandboxd.yaml ]; then echo "kept $(DESTDIR)/etc/sandboxd/sandboxd.yaml"; \
+	else install -m 0644 configs/install/sandboxd.yaml $(DESTDIR)/etc/sandboxd/sandboxd.yaml; fi
+	install -m 0644 README.md docs/SECURITY.md configs/sizes.yaml configs/plans.yaml configs/egress.yaml $(DESTDIR)$(PREFIX)/share/doc/sandboxd/
+	install -m 0644 configs/sandboxd.yaml $(DESTDIR)$(PREFIX)/share/doc/sandboxd/sandboxd.defaults.yaml
+	@if [ -z "$(DESTDIR)" ] && command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
+	@echo "installed; start it with: sudo systemctl enable --now sandboxd (check the machine first: sudo sandboxd doctor)"
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')

@@ -306,7 +306,10 @@ func (c *cli) creditsCmd() *cobra.Command {
 	var note string
 	grant := &cobra.Command{
 		Use:   "grant ORG AMOUNT",
-		Short: "Add credits to an organization's current period (negative takes back; audited)",
+		Short: "Add credits to an organization's current period (audited)",
+		Long: `Adds AMOUNT credits (at most 3 decimals) to the current billing period of the
+organization ORG (its id or name). A negative amount takes credits back; put it
+after "--": sandboxd credits grant acme -- -5`,
 		Args:  exactArgs("ORG", "AMOUNT"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			amt, err := credits.ParseGrant(args[1])
