@@ -122,7 +122,9 @@ func (c *cli) orgCmd() *cobra.Command {
 	return org
 }
 
-func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})) }
+func quietLog() *slog.Logger {
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+}
 
 func (c *cli) userCmd() *cobra.Command {
 	u := &cobra.Command{Use: "user", Short: "Members of organizations"}
@@ -310,7 +312,7 @@ func (c *cli) creditsCmd() *cobra.Command {
 		Long: `Adds AMOUNT credits (at most 3 decimals) to the current billing period of the
 organization ORG (its id or name). A negative amount takes credits back; put it
 after "--": sandboxd credits grant acme -- -5`,
-		Args:  exactArgs("ORG", "AMOUNT"),
+		Args: exactArgs("ORG", "AMOUNT"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			amt, err := credits.ParseGrant(args[1])
 			if err != nil {
