@@ -9,7 +9,7 @@ BIN     := $(CURDIR)/bin
 GOFLAGS := -trimpath
 export CGO_ENABLED := 0
 
-.PHONY: all build root-check host-packages image run test test-unit bench install fmt
+.PHONY: all build root-check host-packages image run test test-unit bench install install-files fmt
 
 all: build
 
@@ -67,7 +67,11 @@ bench: root-check host-packages build image
 PREFIX  ?= /usr/local
 DESTDIR ?=
 LIBDIR  := $(DESTDIR)$(PREFIX)/lib/sandboxd
-install: root-check host-packages build
+install: root-check host-packages build install-files
+	@echo "installed; start it with: sudo systemctl enable --now sandboxd (check the machine first: sudo sandboxd doctor)"
+
+# What install copies, from an existing build (cmd/sandboxd's test stages it in a DESTDIR).
+install-files:
 	install -d $(LIBDIR) $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/doc/sandboxd \
 		$(DESTDIR)/etc/sandboxd $(DESTDIR)/etc/systemd/system
 	install -m 0755 $(BIN)/sandboxd $(BIN)/sandboxd-agent $(BIN)/runsc $(LIBDIR)/
@@ -80,7 +84,6 @@ install: root-check host-packages build
 	install -m 0644 README.md docs/SECURITY.md configs/sizes.yaml configs/plans.yaml configs/egress.yaml $(DESTDIR)$(PREFIX)/share/doc/sandboxd/
 	install -m 0644 configs/sandboxd.yaml $(DESTDIR)$(PREFIX)/share/doc/sandboxd/sandboxd.defaults.yaml
 	@if [ -z "$(DESTDIR)" ] && command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
-	@echo "installed; start it with: sudo systemctl enable --now sandboxd (check the machine first: sudo sandboxd doctor)"
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')
