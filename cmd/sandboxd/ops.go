@@ -122,7 +122,9 @@ func (c *cli) orgCmd() *cobra.Command {
 	return org
 }
 
-func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})) }
+func quietLog() *slog.Logger {
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+}
 
 func (c *cli) userCmd() *cobra.Command {
 	u := &cobra.Command{Use: "user", Short: "Members of organizations"}
