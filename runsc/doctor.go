@@ -314,8 +314,10 @@ func checkCgroups() Finding {
 		}
 		if !ok {
 			missing = append(missing, c)
-			if l.v2 {
-				fixes = append(fixes, fmt.Sprintf("echo +%s | sudo tee %s", c, filepath.Join(filepath.Dir(l.memory), "cgroup.subtree_control")))
+			if parent := filepath.Join(filepath.Dir(l.memory), "cgroup.subtree_control"); l.v2 && isFile(parent) {
+				fixes = append(fixes, fmt.Sprintf("echo +%s | sudo tee %s", c, parent))
+			} else if l.v2 {
+				fixes = append(fixes, "boot with the "+c+" controller on cgroup v2 (not bound to a v1 hierarchy; systemd.unified_cgroup_hierarchy=1)")
 			} else {
 				mnt := filepath.Join("/sys/fs/cgroup", c)
 				fixes = append(fixes, fmt.Sprintf("sudo mkdir -p %s && sudo mount -t cgroup -o %s cgroup %s", mnt, c, mnt))
@@ -340,6 +342,11 @@ func checkCgroups() Finding {
 	}
 	return Finding{Name: name, Status: CheckOK,
 		Seen: fmt.Sprintf("cgroup %s, this process's: %s; CPUs %s (sandboxes nest under the server's own)", version, strings.Join(seen, ", "), formatCPUList(cpus))}
+}
+
+func isFile(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && st.Mode().IsRegular()
 }
 
 // ----- loop devices -----
