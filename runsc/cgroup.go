@@ -19,6 +19,9 @@ type cgroupLayout struct {
 	dirs   []string // the server's own cgroup directory in each hierarchy
 	memory string   // the server's own memory cgroup directory
 	cpuset string   // the server's own cpuset cgroup directory ("" if none)
+	// ctrls maps each controller found to the server's own directory of
+	// its hierarchy (v2: the controllers in its cgroup.controllers).
+	ctrls map[string]string
 }
 
 func loadCgroupLayout() (cgroupLayout, error) {
@@ -40,7 +43,7 @@ func loadCgroupLayout() (cgroupLayout, error) {
 		return cgroupLayout{}, err
 	}
 	defer mi.Close()
-	var l cgroupLayout
+	l := cgroupLayout{ctrls: map[string]string{}}
 	var v2dir string
 	sc = bufio.NewScanner(mi)
 	for sc.Scan() {
@@ -71,6 +74,9 @@ func loadCgroupLayout() (cgroupLayout, error) {
 					dir := filepath.Join(mnt, strings.TrimPrefix(path, root))
 					l.dirs = append(l.dirs, dir)
 					for _, c := range strings.Split(key, ",") {
+						if !strings.HasPrefix(c, "name=") {
+							l.ctrls[c] = dir
+						}
 						switch c {
 						case "memory":
 							l.memory = dir
@@ -90,7 +96,11 @@ func loadCgroupLayout() (cgroupLayout, error) {
 		if v2dir == "" {
 			return l, errors.New("no memory cgroup found")
 		}
-		l = cgroupLayout{v2: true, dirs: []string{v2dir}, memory: v2dir, cpuset: v2dir}
+		l = cgroupLayout{v2: true, dirs: []string{v2dir}, memory: v2dir, cpuset: v2dir, ctrls: map[string]string{}}
+		b, _ := os.ReadFile(filepath.Join(v2dir, "cgroup.controllers"))
+		for _, c := range strings.Fields(string(b)) {
+			l.ctrls[c] = v2dir
+		}
 	}
 	return l, nil
 }

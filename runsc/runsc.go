@@ -89,11 +89,8 @@ func New(cfg Config) (*Runtime, error) {
 	if cfg.Prefix == "" || strings.ContainsAny(cfg.Prefix, "/ \t\n") {
 		return nil, fmt.Errorf("invalid resource prefix %q", cfg.Prefix)
 	}
-	// The agent's socket lives under the data dir; a unix socket path has
-	// 107 bytes at most, and a longer one would fail every command later.
-	if sock := filepath.Join(cfg.StateDir, "sandboxes", cfg.Prefix+"-0123456789abcdef", "run", "agent.sock"); len(sock) > 107 {
-		return nil, fmt.Errorf("data dir %q is too long: sandbox sockets under it would exceed the 107-byte limit of a unix socket path (use a data dir of at most %d bytes)",
-			cfg.StateDir, len(cfg.StateDir)-(len(sock)-107))
+	if err := checkSocketPaths(cfg.StateDir, cfg.Prefix); err != nil {
+		return nil, err
 	}
 	if cfg.Platform == "" {
 		cfg.Platform = "systrap"
@@ -111,6 +108,27 @@ func New(cfg Config) (*Runtime, error) {
 		return nil, fmt.Errorf("cgroups: %w", err)
 	}
 	return &Runtime{cfg: cfg, log: cfg.Logger.With("component", "runsc"), cg: cg}, nil
+}
+
+// maxSocketPath is the longest path a unix socket may have (sun_path holds
+// 108 bytes with the terminating NUL).
+const maxSocketPath = 107
+
+// checkSocketPaths refuses a state dir whose sandboxes' agent sockets would
+// be too long: a unix socket path has 107 bytes at most, and a longer one
+// would fail every command later.
+func checkSocketPaths(stateDir, prefix string) error {
+	if n := socketPathLen(stateDir, prefix); n > maxSocketPath {
+		return fmt.Errorf("data dir %q is too long: sandbox sockets under it would exceed the %d-byte limit of a unix socket path (use a data dir of at most %d bytes)",
+			stateDir, maxSocketPath, len(stateDir)-(n-maxSocketPath))
+	}
+	return nil
+}
+
+// socketPathLen is the length of a sandbox's agent socket path (every
+// container id has the same length).
+func socketPathLen(stateDir, prefix string) int {
+	return len(filepath.Join(stateDir, "sandboxes", prefix+"-0123456789abcdef", "run", "agent.sock"))
 }
 
 // ContainerID derives the fixed-length runsc container id of a session. A

@@ -117,6 +117,19 @@ func BinDir() string {
 	return filepath.Dir(exe)
 }
 
+// Binaries are the runsc and agent binaries cfg names; by default they are
+// next to the running executable.
+func Binaries(cfg *config.Config) (runscBin, agent string) {
+	runscBin, agent = cfg.Runsc.Binary, cfg.Runsc.Agent
+	if runscBin == "" {
+		runscBin = filepath.Join(BinDir(), "runsc")
+	}
+	if agent == "" {
+		agent = filepath.Join(BinDir(), "sandboxd-agent")
+	}
+	return runscBin, agent
+}
+
 // New opens the store, makes sure the image exists and prepares the runtime.
 // out receives what an operator must see (first start's owner token, image
 // build progress).
@@ -164,14 +177,7 @@ func New(ctx context.Context, cfg *config.Config, out io.Writer) (*Server, error
 		}
 		return nil, err
 	}
-	bin := cfg.Runsc.Binary
-	if bin == "" {
-		bin = filepath.Join(BinDir(), "runsc")
-	}
-	agent := cfg.Runsc.Agent
-	if agent == "" {
-		agent = filepath.Join(BinDir(), "sandboxd-agent")
-	}
+	bin, agent := Binaries(cfg)
 	rt, err := runsc.New(runsc.Config{
 		Binary:            bin,
 		StateDir:          cfg.DataDir,

@@ -2,7 +2,7 @@
 //
 //	sandboxd serve [--config FILE] [--listen ADDR] [--data-dir DIR] [--no-image-build]
 //	sandboxd image                            build the default image if missing
-//	sandboxd doctor                           check this machine; say what is missing and how to fix it
+//	sandboxd doctor [--json]                  check this machine; say what is missing and how to fix it
 //	sandboxd gc [--apply]                     list (remove) this installation's unclaimed leftovers
 //	sandboxd org create NAME | org list
 //	sandboxd user add ORG NAME --role ROLE [--operator]
@@ -230,10 +230,13 @@ readable; run it again to finish.`,
 	return secrets
 }
 
+// lockName is the data dir's lock file, which a running server holds.
+const lockName = "sandboxd.lock"
+
 // lockDataDir takes the data dir's lock, as the server does: it fails
 // while a server runs there.
 func lockDataDir(dataDir string) (unlock func(), err error) {
-	lock, err := os.OpenFile(filepath.Join(dataDir, "sandboxd.lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	lock, err := os.OpenFile(filepath.Join(dataDir, lockName), os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		return nil, err
 	}
@@ -246,7 +249,7 @@ func lockDataDir(dataDir string) (unlock func(), err error) {
 
 // serverRunning reports whether a server holds the data dir's lock.
 func serverRunning(dataDir string) bool {
-	lock, err := os.Open(filepath.Join(dataDir, "sandboxd.lock"))
+	lock, err := os.Open(filepath.Join(dataDir, lockName))
 	if err != nil {
 		return false
 	}

@@ -78,6 +78,32 @@ func (r Recipe) Key() string {
 // Path is where the recipe's root filesystem lives once built.
 func Path(cacheDir string, r Recipe) string { return filepath.Join(cacheDir, r.Key(), "rootfs") }
 
+// Find returns where the recipe's root filesystem is and whether it is
+// built (complete), changing nothing: what Ensure with build=false would
+// find, for checks that must not touch the cache.
+func Find(cacheDir string, r Recipe) (rootfs string, built bool) {
+	return Path(cacheDir, r), complete(filepath.Join(cacheDir, r.Key()))
+}
+
+// Building reports whether a build (Ensure, in any process) holds the
+// cache's lock right now.
+func Building(cacheDir string) bool {
+	lock, err := os.Open(filepath.Join(cacheDir, ".lock"))
+	if err != nil {
+		return false
+	}
+	defer lock.Close()
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_SH|syscall.LOCK_NB); err != nil {
+		return errors.Is(err, syscall.EWOULDBLOCK)
+	}
+	syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
+	return false
+}
+
+// Builder is the host command a build needs besides bash (its Debian
+// package has the same name).
+const Builder = "debootstrap"
+
 // ErrMissing is returned by Ensure with build=false when the image is not built.
 var ErrMissing = errors.New("image not built")
 
@@ -95,8 +121,8 @@ func Ensure(ctx context.Context, cacheDir string, r Recipe, build bool, progress
 	if os.Geteuid() != 0 {
 		return "", errors.New("building the image needs root")
 	}
-	if _, err := exec.LookPath("debootstrap"); err != nil {
-		return "", errors.New("building the image needs debootstrap (apt-get install -y debootstrap)")
+	if _, err := exec.LookPath(Builder); err != nil {
+		return "", errors.New("building the image needs " + Builder + " (apt-get install -y " + Builder + ")")
 	}
 	if err := os.MkdirAll(cacheDir, 0o700); err != nil {
 		return "", err

@@ -111,3 +111,45 @@ func TestRemoveBuildDirRefusesMounts(t *testing.T) {
 		t.Fatal("host /proc damaged")
 	}
 }
+
+// Find and Building answer without changing the cache (doctor's use).
+func TestFindAndBuilding(t *testing.T) {
+	dir := t.TempDir()
+	r := Recipe{Suite: "bookworm"}
+	if p, built := Find(dir, r); built || p != Path(dir, r) {
+		t.Fatalf("empty cache: %s %v", p, built)
+	}
+	if Building(dir) {
+		t.Fatal("building without a lock file")
+	}
+	os.MkdirAll(Path(dir, r), 0o755)
+	if _, built := Find(dir, r); built {
+		t.Fatal("built without COMPLETE")
+	}
+	os.WriteFile(filepath.Join(dir, r.Key(), "COMPLETE"), []byte(r.Key()+"\n"), 0o644)
+	if p, built := Find(dir, r); !built || p != Path(dir, r) {
+		t.Fatalf("complete image: %s %v", p, built)
+	}
+	st, _ := os.Stat(dir)
+	lock, err := os.OpenFile(filepath.Join(dir, ".lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+	if Building(dir) {
+		t.Fatal("building with an unlocked lock file")
+	}
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	if !Building(dir) {
+		t.Fatal("not building while the lock is held")
+	}
+	syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
+	if Building(dir) {
+		t.Fatal("building after the lock was released")
+	}
+	if st2, _ := os.Stat(dir); st2.Mode() != st.Mode() {
+		t.Errorf("cache dir mode changed: %v -> %v", st.Mode(), st2.Mode())
+	}
+}
