@@ -239,7 +239,9 @@ func TestOperatorCommandsServerRunning(t *testing.T) {
 	if code != 200 || !strings.Contains(string(b), `"globex"`) {
 		t.Fatalf("me with the CLI's token: %d %s", code, b)
 	}
-	var me struct{ Org struct{ ID string } }
+	var me struct {
+		Org struct{ ID string } `json:"organization"`
+	}
 	json.Unmarshal(b, &me)
 	usage := func() (plan string, granted int64) {
 		code, b := call(tok, "GET", "/v1/usage", nil)
