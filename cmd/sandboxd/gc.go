@@ -23,9 +23,11 @@ containers, netns (<id> and <id>-px), cgroups, mounts and sandbox dirs (bundle,
 logs, disk) under <data-dir>/sandboxes/, per container id. A dry run by default:
 nothing changes until --apply, which removes exactly what it lists.
 
-Only resources named with this data dir's prefix (sbx + 6 hex of its hash) are
-considered: never another data dir's, never anything without the prefix. runsc's
-state root is <data-dir>/runsc; cgroups are looked for in every hierarchy.
+Only resources named with this data dir's prefix (sbx + 6 hex of the hash of its
+absolute path: give the data dir as the server is given it) are considered:
+never another data dir's, never anything without the prefix. runsc's state
+root is <data-dir>/runsc; cgroups are looked for in every hierarchy, not only
+under gc's own cgroup (the server's sandboxes nest under the server's).
 
 What a session row claims of its container id:
   provisioning, running, paused, stopping   everything (a paused one keeps its
@@ -52,7 +54,7 @@ Exit status 0 when done (nothing found included), 1 if anything failed.`
 func (c *cli) gcCmd() *cobra.Command {
 	var apply, asJSON bool
 	cmd := &cobra.Command{
-		Use:   "gc [--apply] [--json]",
+		Use:   "gc",
 		Short: "List (with --apply remove) this installation's leftovers no session claims",
 		Long:  gcLong,
 		Args:  exactArgs(),
@@ -117,6 +119,7 @@ type gcEntry struct {
 	Skipped  string   `json:"skipped,omitempty"` // why nothing of it is removed (now)
 	Removed  bool     `json:"removed"`
 	Error    string   `json:"error,omitempty"`
+	claim    claim    // what the row claimed when the rows were read
 }
 
 // gcPlan decides what gc removes from what the host holds (ls, listed
@@ -127,7 +130,7 @@ func gcPlan(ls []runsc.Leftover, rows []store.SessionContainer, sandboxes string
 	var out []gcEntry
 	for _, l := range ls {
 		c, row := rowClaim(rows, l.ID)
-		e := gcEntry{ID: l.ID, Session: row.ID, Status: row.Status, KeepDisk: c == claimSaved}
+		e := gcEntry{ID: l.ID, Session: row.ID, Status: row.Status, KeepDisk: c == claimSaved, claim: c}
 		switch c {
 		case claimAll:
 			continue
@@ -243,7 +246,7 @@ func (c *cli) gc(ctx context.Context, apply, asJSON bool) error {
 					e.Error = err.Error()
 					continue
 				}
-				if cl, row := rowClaim(rows, e.ID); cl > claimOf(e.Status) || (e.Session == "" && row.ID != "") {
+				if cl, row := rowClaim(rows, e.ID); cl > e.claim {
 					e.Skipped = fmt.Sprintf("session %s became %s meanwhile", row.ID, row.Status)
 					continue
 				}
