@@ -359,9 +359,16 @@ func printGC(w io.Writer, rep gcReport) {
 	}
 	fmt.Fprintln(w)
 	if !rep.Applied {
-		fmt.Fprintf(w, "dry run: nothing changed; %d sandboxes' leftovers would be removed (%d skipped); run with --apply to remove them\n",
-			len(rep.Sandboxes)-skipped, skipped)
+		fmt.Fprintf(w, "dry run: nothing changed; the leftovers of %s would be removed (%d skipped); run with --apply to remove them\n",
+			nSandboxes(len(rep.Sandboxes)-skipped), skipped)
 		return
 	}
-	fmt.Fprintf(w, "removed the leftovers of %d sandboxes (%d skipped, %d failed)\n", removed, skipped, rep.Errors)
+	fmt.Fprintf(w, "removed the leftovers of %s (%d skipped, %d failed)\n", nSandboxes(removed), skipped, rep.Errors)
+}
+
+func nSandboxes(n int) string {
+	if n == 1 {
+		return "1 sandbox"
+	}
+	return fmt.Sprintf("%d sandboxes", n)
 }
