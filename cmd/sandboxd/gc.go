@@ -127,7 +127,7 @@ type gcEntry struct {
 // it). sandboxes is <data-dir>/sandboxes. While the server runs, a
 // leftover modified less than gcRecent before now is skipped.
 func gcPlan(ls []runsc.Leftover, rows []store.SessionContainer, sandboxes string, serverRunning bool, now time.Time) []gcEntry {
-	var out []gcEntry
+	out := []gcEntry{}
 	for _, l := range ls {
 		c, row := rowClaim(rows, l.ID)
 		e := gcEntry{ID: l.ID, Session: row.ID, Status: row.Status, KeepDisk: c == claimSaved, claim: c}
@@ -236,6 +236,10 @@ func (c *cli) gc(ctx context.Context, apply, asJSON bool) error {
 			if e.Skipped != "" {
 				continue
 			}
+			if ctx.Err() != nil {
+				e.Skipped = "interrupted"
+				continue
+			}
 			if running {
 				// Again, just before: a resume may have begun since.
 				if e.Skipped = recentSkip(rt.LastModified(e.ID), time.Now()); e.Skipped != "" {
@@ -286,6 +290,9 @@ func (c *cli) gc(ctx context.Context, apply, asJSON bool) error {
 		}
 	} else {
 		printGC(c.stdout, rep)
+	}
+	if err := ctx.Err(); err != nil {
+		return err
 	}
 	if rep.Errors > 0 {
 		fmt.Fprintf(c.stderr, "sandboxd gc: %d failed\n", rep.Errors)
