@@ -22,6 +22,11 @@ type cgroupLayout struct {
 	// ctrls maps each controller found to the server's own directory of
 	// its hierarchy (v2: the controllers in its cgroup.controllers).
 	ctrls map[string]string
+	// roots are the mount points of every cgroup hierarchy; with
+	// anywhere, sandboxes' cgroups are looked for (and removed) in all of
+	// them, not only under dirs (see Config.CgroupsAnywhere).
+	roots    []string
+	anywhere bool
 }
 
 func loadCgroupLayout() (cgroupLayout, error) {
@@ -60,6 +65,9 @@ func loadCgroupLayout() (cgroupLayout, error) {
 			continue
 		}
 		root, mnt, fstype := fields[3], fields[4], fields[sep+1]
+		if fstype == "cgroup" || fstype == "cgroup2" {
+			l.roots = append(l.roots, mnt)
+		}
 		switch fstype {
 		case "cgroup":
 			var opts []string
@@ -96,7 +104,7 @@ func loadCgroupLayout() (cgroupLayout, error) {
 		if v2dir == "" {
 			return l, errors.New("no memory cgroup found")
 		}
-		l = cgroupLayout{v2: true, dirs: []string{v2dir}, memory: v2dir, cpuset: v2dir, ctrls: map[string]string{}}
+		l = cgroupLayout{v2: true, dirs: []string{v2dir}, memory: v2dir, cpuset: v2dir, ctrls: map[string]string{}, roots: l.roots}
 		b, _ := os.ReadFile(filepath.Join(v2dir, "cgroup.controllers"))
 		for _, c := range strings.Fields(string(b)) {
 			l.ctrls[c] = v2dir
@@ -141,9 +149,21 @@ func (l cgroupLayout) oomKills(name string) int64 {
 
 // remove deletes the sandbox's (empty) cgroup directories that runsc left.
 func (l cgroupLayout) remove(name string) error {
+	var paths []string
+	if l.anywhere {
+		for _, p := range l.find(name) {
+			if filepath.Base(p) == name {
+				paths = append(paths, p)
+			}
+		}
+	} else {
+		for _, d := range l.dirs {
+			paths = append(paths, filepath.Join(d, name))
+		}
+	}
 	var errs []error
-	for _, d := range l.dirs {
-		if err := os.Remove(filepath.Join(d, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	for _, p := range paths {
+		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("remove cgroup: %w", err))
 		}
 	}
@@ -154,14 +174,52 @@ func (l cgroupLayout) remove(name string) error {
 func (l cgroupLayout) list(prefix string) []string {
 	seen := map[string]bool{}
 	var out []string
-	for _, d := range l.dirs {
-		ents, _ := os.ReadDir(d)
-		for _, e := range ents {
-			if e.IsDir() && strings.HasPrefix(e.Name(), prefix) && !seen[e.Name()] {
-				seen[e.Name()] = true
-				out = append(out, e.Name())
+	for _, p := range l.find(prefix) {
+		if n := filepath.Base(p); !seen[n] {
+			seen[n] = true
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// maxCgroupDepth bounds the walk of a hierarchy with anywhere.
+const maxCgroupDepth = 16
+
+// find returns the cgroup directories whose names start with prefix: the
+// children of the server's own cgroup in each hierarchy, or with anywhere
+// every directory so named in every hierarchy (not below one: a sandbox's
+// cgroup is not searched for others).
+func (l cgroupLayout) find(prefix string) []string {
+	var out []string
+	if !l.anywhere {
+		for _, d := range l.dirs {
+			ents, _ := os.ReadDir(d)
+			for _, e := range ents {
+				if e.IsDir() && strings.HasPrefix(e.Name(), prefix) {
+					out = append(out, filepath.Join(d, e.Name()))
+				}
 			}
 		}
+		return out
+	}
+	for _, root := range l.roots {
+		filepath.WalkDir(root, func(p string, e fs.DirEntry, err error) error {
+			if err != nil || !e.IsDir() {
+				return nil
+			}
+			if p == root {
+				return nil
+			}
+			if strings.HasPrefix(e.Name(), prefix) {
+				out = append(out, p)
+				return filepath.SkipDir
+			}
+			if strings.Count(p[len(root):], "/") >= maxCgroupDepth {
+				return filepath.SkipDir
+			}
+			return nil
+		})
 	}
 	return out
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -171,6 +172,28 @@ func mountsUnder(dir string) []string {
 		}
 	}
 	return out
+}
+
+// unmountAllUnder unmounts whatever else is mounted below dir (deepest
+// first: a leftover nobody knows the purpose of) and fails if dir itself
+// or anything below it is still a mount point, so nothing is deleted
+// through a mount.
+func unmountAllUnder(dir string) error {
+	ms := mountsUnder(dir)
+	sort.Slice(ms, func(i, j int) bool { return len(ms[i]) > len(ms[j]) })
+	var errs []error
+	for _, m := range ms {
+		if err := unmount(m); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if left := mountsUnder(dir); len(left) > 0 {
+		errs = append(errs, fmt.Errorf("%d mounts left under the sandbox dir", len(left)))
+	}
+	if isMountPoint(dir) {
+		errs = append(errs, errors.New("the sandbox dir is itself a mount point"))
+	}
+	return errors.Join(errs...)
 }
 
 // ErrNoDisk is returned for a sandbox id without a saved disk.

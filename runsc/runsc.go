@@ -5,7 +5,7 @@
 //
 // Every resource a Runtime makes carries its Prefix (container ids, netns
 // names, cgroup names, mount points under StateDir), so leftovers of a crashed
-// server can be found and collected by Collect.
+// server can be found (Leftovers) and collected by Collect or sandboxd gc.
 //
 // Concurrency: a Runtime is safe for concurrent use on different sandbox ids;
 // callers serialize operations on the same id.
@@ -50,6 +50,12 @@ type Config struct {
 	// --background: the sandbox runs as soon as its kernel state is loaded
 	// and its memory pages load after (see docs/BENCHMARKS.md).
 	RestoreBackground bool
+	// CgroupsAnywhere looks for (and removes) sandboxes' cgroups in the
+	// whole of every cgroup hierarchy, not only under this process's own
+	// cgroup, where the server's sandboxes nest: for a tool run outside
+	// the server's cgroup (sandboxd gc). Sandboxes it creates still nest
+	// under its own.
+	CgroupsAnywhere bool
 	// Debug writes runsc debug logs under each sandbox's logs/ directory.
 	Debug bool
 	// Logger receives component logs; nil means slog.Default().
@@ -107,6 +113,7 @@ func New(cfg Config) (*Runtime, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cgroups: %w", err)
 	}
+	cg.anywhere = cfg.CgroupsAnywhere
 	return &Runtime{cfg: cfg, log: cfg.Logger.With("component", "runsc"), cg: cg}, nil
 }
 
@@ -198,8 +205,7 @@ func (r *Runtime) ReleaseIdle() {
 	if sts, err := r.List(ctx); err != nil || len(sts) > 0 {
 		return
 	}
-	p := filepath.Join(r.cfg.StateDir, "runsc", "null-netns")
-	if isMountPoint(p) {
+	if p, mounted := r.NullNetns(); mounted {
 		if err := unix.Unmount(p, unix.MNT_DETACH); err != nil {
 			r.log.Warn("unmount runsc null-netns", "err", err)
 		}

@@ -227,7 +227,7 @@ func (r *Runtime) Destroy(ctx context.Context, id string, o DestroyOpts) error {
 	r.AbandonParked(id)
 	r.procs.Delete(id)
 	d := r.dir(id)
-	if err := errors.Join(r.unmountDisk(id), unmount(filepath.Join(d, restoreMnt))); err != nil {
+	if err := errors.Join(r.unmountDisk(id), unmount(filepath.Join(d, restoreMnt)), unmountAllUnder(d)); err != nil {
 		errs = append(errs, err)
 		return errors.Join(errs...) // never delete through a live mount
 	}
@@ -331,36 +331,22 @@ func (r *Runtime) List(ctx context.Context) ([]State, error) {
 }
 
 // Collect destroys every resource with this runtime's prefix whose id is not
-// in keep: runsc containers, netns, mounts and cgroups left by a crash.
-// Disks are kept (they may be a stopped session's state) unless the id is
-// unknown to the caller too, which is the caller's decision via Destroy.
+// in keep: runsc containers, netns, mounts and cgroups left by a crash (see
+// Leftovers). Disks are kept (they may be a stopped session's state) unless
+// the id is unknown to the caller too, which is the caller's decision via
+// Destroy; an id with nothing but its sandbox dir is left alone.
 func (r *Runtime) Collect(ctx context.Context, keep map[string]bool) []string {
 	var collected []string
-	ids := map[string]bool{}
-	if sts, err := r.List(ctx); err == nil {
-		for _, s := range sts {
-			ids[s.ID] = true
-		}
-	}
-	for _, n := range listNetns(r.cfg.Prefix + "-") {
-		ids[strings.TrimSuffix(n, proxySuffix)] = true
-	}
-	for _, n := range r.cg.list(r.cfg.Prefix + "-") {
-		ids[n] = true
-	}
-	for _, m := range mountsUnder(filepath.Join(r.cfg.StateDir, "sandboxes")) {
-		rel, _ := filepath.Rel(filepath.Join(r.cfg.StateDir, "sandboxes"), m)
-		ids[strings.SplitN(rel, "/", 2)[0]] = true
-	}
-	for id := range ids {
-		if keep[id] || !r.Owns(id) {
+	ls, _ := r.Leftovers(ctx, keep) // what runsc list could not say, the other listings do
+	for _, l := range ls {
+		if !l.Live() {
 			continue
 		}
-		if err := r.Destroy(ctx, id, DestroyOpts{KeepDisk: true}); err != nil {
-			r.log.Warn("collect leftover sandbox", "id", id, "err", err)
+		if err := r.Destroy(ctx, l.ID, DestroyOpts{KeepDisk: true}); err != nil {
+			r.log.Warn("collect leftover sandbox", "id", l.ID, "err", err)
 			continue
 		}
-		collected = append(collected, id)
+		collected = append(collected, l.ID)
 	}
 	return collected
 }

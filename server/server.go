@@ -130,6 +130,25 @@ func Binaries(cfg *config.Config) (runscBin, agent string) {
 	return runscBin, agent
 }
 
+// RuntimeConfig is the driver's configuration for cfg: runsc and the
+// agent from the config or next to the running binary, the data dir as its
+// state dir and the data dir's resource prefix (config.ResourcePrefix).
+func RuntimeConfig(cfg *config.Config, log *slog.Logger) runsc.Config {
+	bin, agent := Binaries(cfg)
+	return runsc.Config{
+		Binary:            bin,
+		StateDir:          cfg.DataDir,
+		Agent:             agent,
+		Prefix:            config.ResourcePrefix(cfg.DataDir),
+		Platform:          cfg.Runsc.Platform,
+		Debug:             cfg.Runsc.Debug,
+		RestoreBackground: cfg.Runsc.RestoreBackground,
+		// Written by newServer before any sandbox starts.
+		TrustBundle: config.TrustBundlePath(cfg.DataDir),
+		Logger:      log,
+	}
+}
+
 // New opens the store, makes sure the image exists and prepares the runtime.
 // out receives what an operator must see (first start's owner token, image
 // build progress).
@@ -177,19 +196,7 @@ func New(ctx context.Context, cfg *config.Config, out io.Writer) (*Server, error
 		}
 		return nil, err
 	}
-	bin, agent := Binaries(cfg)
-	rt, err := runsc.New(runsc.Config{
-		Binary:            bin,
-		StateDir:          cfg.DataDir,
-		Agent:             agent,
-		Prefix:            config.ResourcePrefix(cfg.DataDir),
-		Platform:          cfg.Runsc.Platform,
-		Debug:             cfg.Runsc.Debug,
-		RestoreBackground: cfg.Runsc.RestoreBackground,
-		// Written by newServer before any sandbox starts.
-		TrustBundle: config.TrustBundlePath(cfg.DataDir),
-		Logger:      log,
-	})
+	rt, err := runsc.New(RuntimeConfig(cfg, log))
 	if err != nil {
 		return nil, err
 	}

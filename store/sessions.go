@@ -178,6 +178,34 @@ func (db *DB) ListLiveSessions(ctx context.Context) ([]Session, error) {
 	return out, nil
 }
 
+// SessionContainer is a session row's container id and status: what a
+// row claims on the host (sandboxd gc).
+type SessionContainer struct {
+	ID, ContainerID, Status string
+}
+
+// ListSessionContainers lists the container id and status of every session
+// row of all orgs, deleted rows included.
+func (db *DB) ListSessionContainers(ctx context.Context) ([]SessionContainer, error) {
+	rows, err := db.r.QueryContext(ctx, `SELECT id, container_id, status FROM sessions ORDER BY rowid`)
+	if err != nil {
+		return nil, fmt.Errorf("store: list session containers: %w", err)
+	}
+	defer rows.Close()
+	var out []SessionContainer
+	for rows.Next() {
+		var c SessionContainer
+		if err := rows.Scan(&c.ID, &c.ContainerID, &c.Status); err != nil {
+			return nil, fmt.Errorf("store: list session containers: %w", err)
+		}
+		out = append(out, c)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("store: list session containers: %w", err)
+	}
+	return out, nil
+}
+
 func (db *DB) querySessions(ctx context.Context, q string, args ...any) ([]Session, error) {
 	rows, err := db.r.QueryContext(ctx, q, args...)
 	if err != nil {

@@ -734,3 +734,34 @@ func TestSetSaved(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestListSessionContainers(t *testing.T) {
+	ctx := context.Background()
+	db, _ := openTest(t)
+	a, _, _ := db.CreateOrg(ctx, "a", "u")
+	b, _, _ := db.CreateOrg(ctx, "b", "u")
+	want := ""
+	for i, st := range []string{StatusProvisioning, StatusRunning, StatusStopped, StatusDeleted, StatusFailed} {
+		p := a
+		if i%2 == 1 {
+			p = b
+		}
+		s := newSession(p, fmt.Sprint("s", i))
+		s.ContainerID, s.Status = fmt.Sprint("c", i), st
+		if err := db.InsertSession(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+		want += fmt.Sprintf("%s c%d %s;", s.ID, i, st)
+	}
+	got, err := db.ListSessionContainers(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := ""
+	for _, c := range got {
+		s += fmt.Sprintf("%s %s %s;", c.ID, c.ContainerID, c.Status)
+	}
+	if s != want {
+		t.Fatalf("ListSessionContainers:\n got %s\nwant %s", s, want)
+	}
+}

@@ -3,7 +3,7 @@
 //	sandboxd serve [--config FILE] [--listen ADDR] [--data-dir DIR] [--no-image-build]
 //	sandboxd image                            build the default image if missing
 //	sandboxd doctor [--json]                  check this machine; say what is missing and how to fix it
-//	sandboxd gc [--apply]                     list (remove) this installation's unclaimed leftovers
+//	sandboxd gc [--apply] [--json]            list (remove) this installation's unclaimed leftovers
 //	sandboxd org create NAME | org list
 //	sandboxd user add ORG NAME --role ROLE [--operator]
 //	sandboxd token create ORG USER [--name N]
