@@ -13,6 +13,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"sandboxd/server/config"
 	"sandboxd/server/credits"
 	"sandboxd/server/sandbox"
 	"sandboxd/store"
@@ -51,6 +52,21 @@ func findOrg(ctx context.Context, db *store.DB, idOrName string) (store.Org, err
 		return o, fmt.Errorf("more than one organization is named %q: give its id (see 'sandboxd org list')", idOrName)
 	}
 	return o, err
+}
+
+// openOrg opens the data dir's database and finds the organization
+// idOrName; the caller closes db.
+func (c *cli) openOrg(ctx context.Context, idOrName string) (*config.Config, *store.DB, store.Org, error) {
+	cfg, db, err := c.openDB(false)
+	if err != nil {
+		return nil, nil, store.Org{}, err
+	}
+	org, err := findOrg(ctx, db, idOrName)
+	if err != nil {
+		db.Close()
+		return nil, nil, store.Org{}, err
+	}
+	return cfg, db, org, nil
 }
 
 func (c *cli) orgCmd() *cobra.Command {
@@ -145,15 +161,11 @@ grant credits (PUT /v1/orgs/:orgId/plan, POST /v1/orgs/:orgId/credits).`,
 			if err := store.ValidName(args[1]); err != nil {
 				return usagef("user name: %v", err)
 			}
-			_, db, err := c.openDB(false)
+			_, db, org, err := c.openOrg(cmd.Context(), args[0])
 			if err != nil {
 				return err
 			}
 			defer db.Close()
-			org, err := findOrg(cmd.Context(), db, args[0])
-			if err != nil {
-				return err
-			}
 			usr, _, token, err := db.AddMember(cmd.Context(), org.ID, args[1], role)
 			if err != nil {
 				return err
@@ -190,15 +202,11 @@ func (c *cli) tokenCmd() *cobra.Command {
 			if err := store.ValidName(name); err != nil {
 				return usagef("--name: %v", err)
 			}
-			_, db, err := c.openDB(false)
+			_, db, org, err := c.openOrg(cmd.Context(), args[0])
 			if err != nil {
 				return err
 			}
 			defer db.Close()
-			org, err := findOrg(cmd.Context(), db, args[0])
-			if err != nil {
-				return err
-			}
 			ms, err := db.ListMembers(cmd.Context(), org.ID)
 			if err != nil {
 				return err
@@ -241,7 +249,7 @@ func (c *cli) planCmd() *cobra.Command {
 		Short: "Move an organization to a plan (audited)",
 		Args:  exactArgs("ORG", "PLAN"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			cfg, db, err := c.openDB(false)
+			cfg, db, org, err := c.openOrg(cmd.Context(), args[0])
 			if err != nil {
 				return err
 			}
@@ -249,10 +257,6 @@ func (c *cli) planCmd() *cobra.Command {
 			pl, ok := cfg.Plans.Get(args[1])
 			if args[1] == "" || !ok {
 				return usagef("plan %q: one of %v", args[1], cfg.Plans.Names())
-			}
-			org, err := findOrg(cmd.Context(), db, args[0])
-			if err != nil {
-				return err
 			}
 			if err := db.SetPlan(cmd.Context(), org.ID, pl.Name); err != nil {
 				return err
@@ -321,15 +325,11 @@ after "--": sandboxd credits grant acme -- -5`,
 			if len(note) > 500 {
 				return usagef("--note: at most 500 bytes")
 			}
-			cfg, db, err := c.openDB(false)
+			cfg, db, org, err := c.openOrg(cmd.Context(), args[0])
 			if err != nil {
 				return err
 			}
 			defer db.Close()
-			org, err := findOrg(cmd.Context(), db, args[0])
-			if err != nil {
-				return err
-			}
 			now := time.Now().UTC()
 			g, err := db.AddCreditGrant(cmd.Context(), store.CreditGrant{OrgID: org.ID, AmountMilli: int64(amt), Time: now, GrantedBy: "cli:" + hostUser(), Note: note})
 			if err != nil {
