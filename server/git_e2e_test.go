@@ -210,7 +210,7 @@ git rev-parse HEAD`
 	theirs := h.gs.Head(t, "alice/app", "main")
 	td = h.teardownGit("git-main")
 	if td.GitPushed || td.GitError == nil || *td.GitError != "rejected_non_fast_forward" || len(td.GitCommits) != 1 || td.GitCommits[0] != local {
-		t.Fatalf("rejected push: %+v", td)
+		t.Fatalf("rejected push: %+v (gitError %v)", td, derefOr(td.GitError))
 	}
 	if h.gs.Head(t, "alice/app", "main") != theirs {
 		t.Fatal("the rejected push changed the host's branch")
@@ -231,4 +231,12 @@ git rev-parse HEAD`
 			t.Errorf("delete %s: %d %s", id, code, b)
 		}
 	}
+}
+
+// derefOr prints a *string for a failure message.
+func derefOr(s *string) string {
+	if s == nil {
+		return "<nil>"
+	}
+	return *s
 }

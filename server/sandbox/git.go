@@ -210,6 +210,9 @@ func (m *Manager) pushLocked(ctx context.Context, ses *store.Session, live bool)
 		// teardown counts only newer commits.
 		_, _, _, _ = m.gitRun(ctx, ses, time.Minute, "-C", dir, "update-ref", remote, local)
 	}
+	if !res.Pushed {
+		m.log.Info("git push failed", "session", ses.SessionID, "class", res.Error, "err", err, "timedOut", er.TimedOut, "stderr", firstLine(stderr))
+	}
 	m.events.Event(ses.ID, "git_pushed", map[string]any{"pushed": res.Pushed, "commits": len(res.Commits), "error": res.Error})
 	return res
 }
