@@ -217,10 +217,15 @@ func (m *Manager) pushLocked(ctx context.Context, ses *store.Session, live bool)
 	return res
 }
 
+// urlInMessage is a URL as git quotes it in a message.
+var urlInMessage = regexp.MustCompile(`[a-z][a-z0-9+.-]*://[^\s'"]+`)
+
 // classifyGit names the class of a failed clone or push from git's
 // messages (LANG=C).
 func classifyGit(stderr string) string {
-	s := strings.ToLower(stderr)
+	// URLs go first: a host's port (":40381") or a repository's name
+	// ("ssl-tools") must not read as a status or a TLS failure.
+	s := urlInMessage.ReplaceAllString(strings.ToLower(stderr), "<url>")
 	has := func(subs ...string) bool {
 		for _, sub := range subs {
 			if strings.Contains(s, sub) {
@@ -232,7 +237,7 @@ func classifyGit(stderr string) string {
 	switch {
 	case has("remote branch", "couldn't find remote ref") && has("not found"):
 		return GitNoBranch
-	case has("[rejected]", "non-fast-forward", "fetch first", "failed to push some refs") && !has("403", "401", "sandboxd:"):
+	case has("[rejected]", "non-fast-forward", "fetch first", "failed to push some refs") && !has("error: 403", "error: 401", "http 403", "http 401", "sandboxd:"):
 		return GitRejected
 	case has("could not resolve", "failed to connect", "connection refused", "connection timed out", "timed out",
 		"proxy connect aborted", "connect tunnel failed", "returned error: 502", "returned error: 503", "returned error: 504",
