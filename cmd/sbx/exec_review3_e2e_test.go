@@ -1,0 +1,30 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+)
+
+// Review 3: `sbx exec --help` promises standard input of "at most 8 MiB of
+// text" (maxStdin), but the server takes a request body of at most
+// limits.maxBodyBytes (1 MiB by default), so 2 MiB of text on stdin fails
+// with only "request body is too large (too_large, ...)": neither what the
+// help says nor a message naming the limit or what to do (sbx cp). Either
+// the documented 8 MiB goes through, or sbx refuses at once with the real
+// limit and the way out.
+func TestReview3ExecStdinAsDocumented(t *testing.T) {
+	s := startRealServer(t)
+	id := fmt.Sprintf("rv3stdin-%d", os.Getpid())
+	s.ok(nil, "login", "--server", s.url, "--token-file", s.tokFile)
+	s.ok(nil, "provision", id, "--size", "standard-1")
+	r := s.run(strings.NewReader(strings.Repeat("a", 2<<20)), "exec", id, "--", "wc -c")
+	if r.code == 0 && strings.TrimSpace(r.stdout) == "2097152" {
+		return
+	}
+	if r.code == 2 && strings.Contains(r.stderr, "sbx cp") && strings.Contains(r.stderr, "MiB") {
+		return // refused up front, with the real limit and the way out
+	}
+	t.Fatalf("2 MiB of text on stdin (the help allows 8 MiB): %s", r)
+}
