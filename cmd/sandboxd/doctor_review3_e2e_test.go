@@ -15,7 +15,7 @@ import (
 // creating the first organization and printing its owner token). Doctor
 // looks at the data dir ("with a database") but not at what is in it: a
 // database that does not open, or a secrets key of the wrong size, must be
-// a problem with a fix.
+// a problem with a fix (a world-writable data dir at least a warning).
 func TestReview3DoctorBrokenDataDir(t *testing.T) {
 	bin := doctorBinDir(t)
 	for _, tc := range []struct {
@@ -33,6 +33,15 @@ func TestReview3DoctorBrokenDataDir(t *testing.T) {
 				t.Fatal(err)
 			}
 		}, "secrets.key"},
+		// World-writable: any local user can rename the server's 0700
+		// subdirectories away and put their own in place (sandbox bundles,
+		// agent sockets, storage), or delete secrets.key; the server keeps
+		// it 0777. A warning at least.
+		{"data dir world-writable", func(t *testing.T, dataDir string) {
+			if err := os.Chmod(dataDir, 0o777); err != nil {
+				t.Fatal(err)
+			}
+		}, "777"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := baseConf(t, bin)
@@ -41,8 +50,9 @@ func TestReview3DoctorBrokenDataDir(t *testing.T) {
 			}
 			tc.plant(t, c.DataDir)
 			d := runDoctor(t, bin, "--config", c.write(t))
-			if d.code != 1 || !strings.Contains(d.text, "PROBLEM") || !strings.Contains(d.text, tc.want) {
-				t.Fatalf("doctor exit %d on a data dir the server cannot start on (%s):\n%s", d.code, tc.name, d.text)
+			flagged := d.report.Problems > 0 || d.report.Warnings > 0
+			if !flagged || !strings.Contains(d.text, tc.want) {
+				t.Fatalf("doctor exit %d, %d problems, %d warnings, nothing about %q (%s):\n%s", d.code, d.report.Problems, d.report.Warnings, tc.want, tc.name, d.text)
 			}
 		})
 	}
