@@ -51,3 +51,24 @@ func TestReview3UsagePeriodOutOfRange(t *testing.T) {
 		})
 	}
 }
+
+// Review 3: a deleted session still counts in its period's usage (its
+// runs outlive it), but GET /v1/usage lists it with status "" (and its
+// egress and saved bytes as 0): the usage row is joined with the list of
+// live sessions only. `sbx usage` shows "-". It should say "deleted".
+func TestReview3UsageDeletedSessionStatus(t *testing.T) {
+	e := newAPIEnv(t)
+	e.provision(e.token, map[string]any{"sessionId": "gone-1"})
+	if rec := e.do("DELETE", "/v1/sandbox/gone-1", e.token, nil); rec.Code != http.StatusNoContent {
+		t.Fatalf("delete: %d %s", rec.Code, rec.Body)
+	}
+	var u struct {
+		Sessions []struct{ SessionID, Status string }
+	}
+	if err := json.Unmarshal(e.do("GET", "/v1/usage", e.token, nil).Body.Bytes(), &u); err != nil {
+		t.Fatal(err)
+	}
+	if len(u.Sessions) != 1 || u.Sessions[0].SessionID != "gone-1" || u.Sessions[0].Status != "deleted" {
+		t.Fatalf("usage of a deleted session: %+v", u.Sessions)
+	}
+}
