@@ -1,0 +1,66 @@
+package server
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"sandboxd/server/config"
+)
+
+// Review 3: plans with a small storage cap, and a size that draws a credit
+// an hour (the test's clock jumps past the month's one credit).
+const review3Plans = `
+default: capped
+firstOrg: capped
+minSliceSeconds: 300
+plans:
+  - {name: capped, monthlyCredits: 1, largestSize: "", maxConcurrent: 2, egressMiB: 0, storageMiB: 4, pause: false}
+`
+
+// Credits run out, but the session's workspace is larger than what the
+// plan may save (storageMiB): the teardown's save is refused with 507 and
+// the sandbox keeps running, on no credits, for as long as the user likes
+// (the monitor retries, and fails, every 5 s, logging an event and an
+// audit record each time). A user gets unlimited free compute by writing
+// more incompressible bytes to /workspace than the plan's storage cap (on
+// the free plan: 2 GiB on a standard-1's 8 GiB disk). When credits run
+// out the sandbox must stop drawing them (stopped without a save, its
+// disk kept on the node, or paused), whatever the save says.
+func TestReview3CreditsExhaustedOverStorageQuota(t *testing.T) {
+	cfg := realConfig(t)
+	cfg.Sizes.List = append(cfg.Sizes.List, config.Size{Name: "test-credits", VCPUs: 1, MemoryMiB: 512, DiskMiB: 256, Pids: 512, CreditsPerHour: 1000, EgressMiB: 64})
+	plans, err := config.ParsePlans([]byte(review3Plans), cfg.Sizes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Plans = plans
+	clk := &testClock{}
+	cfg.Clock = clk.now
+	h := startServer(t, cfg)
+	h.provision("q1", "test-credits")
+	t.Cleanup(func() { h.call(h.token, "DELETE", "/v1/sandbox/q1", nil) })
+	if r := h.sh("q1", "head -c 16777216 /dev/urandom > /workspace/noise.bin && echo ok"); r.Stdout != "ok\n" {
+		t.Fatalf("write: %+v", r)
+	}
+
+	clk.advance(61 * time.Minute) // the month's one credit is spent
+	deadline := time.Now().Add(60 * time.Second)
+	for h.get("q1").Status == "running" && time.Now().Before(deadline) {
+		time.Sleep(time.Second)
+	}
+	st := h.get("q1").Status
+	u := h.usage(h.token, "")
+	if st == "running" {
+		r := h.sh("q1", "echo still computing")
+		h.s.db.FlushAudit(t.Context())
+		_, b := h.call(h.token, "GET", "/v1/audit?action=sandbox.credits_exhausted", nil)
+		t.Fatalf("credits ran out (remaining %d milli-credits) 60 s ago and the sandbox still runs (exec: %q); "+
+			"%d credits_exhausted audit records so far, each failing on the storage quota",
+			u.Remaining.Milli, r.Stdout, strings.Count(string(b), `"sandbox.credits_exhausted"`))
+	}
+	if code, b := h.call(h.token, "POST", "/v1/sandbox/terminal/q1", map[string]any{"action": "exec", "command": "true"}); code != http.StatusConflict {
+		t.Fatalf("exec after credits ran out: %d %s", code, b)
+	}
+}
