@@ -63,4 +63,26 @@ func TestReview3CreditsExhaustedOverStorageQuota(t *testing.T) {
 	if code, b := h.call(h.token, "POST", "/v1/sandbox/terminal/q1", map[string]any{"action": "exec", "command": "true"}); code != http.StatusConflict {
 		t.Fatalf("exec after credits ran out: %d %s", code, b)
 	}
+	// Stopped without a save, says so, and loses nothing: with credits
+	// granted, the resume starts from the disk kept on the node.
+	o := h.get("q1")
+	if o.Status != "stopped" || o.StatusReason == nil || *o.StatusReason != "credits_exhausted" {
+		t.Fatalf("after credits ran out: %+v", o)
+	}
+	h.s.db.FlushAudit(t.Context())
+	if _, b := h.call(h.token, "GET", "/v1/audit?action=sandbox.credits_exhausted", nil); strings.Count(string(b), `"outcome":"unsaved"`) != 1 {
+		t.Fatalf("audit: %s", b)
+	}
+	if logs := h.logsText("q1"); !strings.Contains(logs, `"saved":false`) || !strings.Contains(logs, "storage quota") {
+		t.Fatalf("no unsaved credits_exhausted event: %s", logs)
+	}
+	if code, b := h.call(h.token, "POST", "/v1/orgs/"+o.OrgID+"/credits", map[string]any{"credits": 5}); code != http.StatusCreated {
+		t.Fatalf("grant: %d %s", code, b)
+	}
+	if code, b := h.call(h.token, "POST", "/v1/sandbox/q1/resume", nil); code != http.StatusOK {
+		t.Fatalf("resume: %d %s", code, b)
+	}
+	if r := h.sh("q1", "stat -c %s /workspace/noise.bin"); r.Stdout != "16777216\n" {
+		t.Fatalf("after resume: %+v", r)
+	}
 }

@@ -317,9 +317,12 @@ func (m *Manager) enforceCredits(ctx context.Context) {
 }
 
 // exhaustedLocked tears a running session down because its organization's
-// credits ran out: saved like any teardown (a failed save leaves it
-// running, and the next round tries again), with an event and an audit
-// record.
+// credits ran out: saved like any teardown, with an event and an audit
+// record. A save that fails (over the storage quota, or the storage
+// failing) must not keep the sandbox drawing credits nobody has: it is then
+// stopped without a save, its disk kept on the node (a resume starts from
+// it, as from any disk newer than its save), and the event and the audit
+// record say so.
 func (m *Manager) exhaustedLocked(ctx context.Context, pk string, u Usage) {
 	cur, err := m.db.GetSessionByID(ctx, pk)
 	if err != nil || cur.Status != store.StatusRunning {
@@ -327,17 +330,29 @@ func (m *Manager) exhaustedLocked(ctx context.Context, pk string, u Usage) {
 	}
 	m.log.Info("credits exhausted: tearing down", "session", cur.SessionID, "org", cur.OrgID)
 	fields := map[string]any{"plan": u.Plan.Name, "used": u.Used().Credits(), "allowance": (u.Allowance + u.Granted).Credits()}
-	m.events.Event(cur.ID, "credits_exhausted", fields)
+	cur.StatusReason = "credits_exhausted" // what the stopped session says until it runs again
 	_, err = m.teardownLocked(ctx, &cur)
-	fields["ok"] = err == nil
+	fields["saved"] = err == nil
+	outcome := "ok"
 	if err != nil {
-		m.log.Error("credits teardown", "session", cur.SessionID, "err", err)
-		fields["error"] = "internal"
+		m.log.Warn("credits exhausted: the save failed; stopping without it, the disk kept on the node", "session", cur.SessionID, "err", err)
+		fields["saveError"] = "internal"
 		if pe, ok := errdefs.Public(err); ok {
-			fields["error"] = pe.Message()
+			fields["saveError"] = pe.Message()
+		}
+		if cur.Status == store.StatusRunning {
+			_, err = m.stopSessionLocked(ctx, &cur, false)
+		}
+		if err != nil {
+			m.log.Error("credits teardown", "session", cur.SessionID, "err", err)
+			outcome = "error" // still running: the next round tries again
+		} else {
+			outcome = "unsaved"
 		}
 	}
-	m.auditSystem("sandbox.credits_exhausted", &cur, fields)
+	fields["stopped"] = cur.Status != store.StatusRunning
+	m.events.Event(cur.ID, "credits_exhausted", fields)
+	m.auditSystemOutcome("sandbox.credits_exhausted", &cur, outcome, fields)
 }
 
 // SessionCredits is what a session has drawn over its life (an open run

@@ -342,9 +342,13 @@ func (m *Manager) forgetActivity(pk string) {
 
 // auditSystem records what the server did on its own (user "system").
 func (m *Manager) auditSystem(action string, ses *store.Session, details map[string]any) {
+	m.auditSystemOutcome(action, ses, "ok", details)
+}
+
+func (m *Manager) auditSystemOutcome(action string, ses *store.Session, outcome string, details map[string]any) {
 	m.db.Audit(store.AuditRecord{
 		Time: m.now(), OrgID: ses.OrgID, UserID: "system", Action: action,
-		SessionID: ses.SessionID, Outcome: "ok", Details: details,
+		SessionID: ses.SessionID, Outcome: outcome, Details: details,
 	})
 }
 
