@@ -7,9 +7,12 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 
@@ -188,7 +191,8 @@ func (a *app) download(cmd *cobra.Command, c *client.Client, src remote, local s
 
 // saveTo writes a download to local ("-": stdout; a directory: name in it)
 // through a temporary file renamed into place, so a failed transfer leaves
-// no partial file.
+// no partial file; a local path that is neither a file nor a directory is
+// written into.
 func (a *app) saveTo(local, name string, size int64, progress bool, get func(io.Writer, client.Progress) (int64, error)) (int64, error) {
 	if local == "-" {
 		update, done := a.transferBar("download "+name, size, progress)
@@ -198,6 +202,21 @@ func (a *app) saveTo(local, name string, size int64, progress bool, get func(io.
 	}
 	if st, err := os.Stat(local); err == nil && st.IsDir() || strings.HasSuffix(local, string(os.PathSeparator)) {
 		local = filepath.Join(local, name)
+	}
+	if st, err := os.Stat(local); err == nil && !st.Mode().IsRegular() {
+		// A FIFO, a device, a terminal: written through as cp does, never
+		// replaced by a regular file (sudo sbx cp s:log /dev/null).
+		f, err := os.OpenFile(local, os.O_WRONLY, 0)
+		if err != nil {
+			return 0, err
+		}
+		update, done := a.transferBar("download "+name, size, progress)
+		n, err := get(f, update)
+		done()
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		return n, err
 	}
 	f, err := os.CreateTemp(filepath.Dir(local), "."+filepath.Base(local)+".sbx-*")
 	if err != nil {
@@ -227,6 +246,19 @@ func (a *app) saveTo(local, name string, size int64, progress bool, get func(io.
 	return n, nil
 }
 
+// printable is a name the sandbox chose, safe for a terminal: as it is
+// when it is plain UTF-8 text, else quoted with its control characters
+// escaped (as ls -b does), so no escape sequence or line break of the
+// sandbox's reaches the user's terminal or forges a row.
+func printable(s string) string {
+	for _, r := range s {
+		if r == utf8.RuneError || unicode.IsControl(r) || r == '\u2028' || r == '\u2029' || unicode.Is(unicode.Bidi_Control, r) {
+			return strconv.Quote(s)
+		}
+	}
+	return s
+}
+
 func (a *app) artifactsCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "artifacts SESSION",
@@ -254,7 +286,7 @@ func (a *app) artifactsCmd() *cobra.Command {
 				if len(sum) > 12 {
 					sum = sum[:12]
 				}
-				fmt.Fprintf(tw, "%s\t%d\t%s\t%s\n", f.Path, f.Size, f.ModifiedAt.Local().Format(time.DateTime), sum)
+				fmt.Fprintf(tw, "%s\t%d\t%s\t%s\n", printable(f.Path), f.Size, f.ModifiedAt.Local().Format(time.DateTime), sum)
 			}
 			tw.Flush()
 			if len(l.Truncated) > 0 {
