@@ -100,8 +100,8 @@ func (s *Server) getUsage(c *gin.Context) {
 		at = credits.PeriodAt(anchor, now).Previous(anchor).Start
 	default:
 		d, err := time.Parse(time.DateOnly, q)
-		if err != nil {
-			s.writeError(c, badRequest("period: current, previous or a date (YYYY-MM-DD) in the period"))
+		if err != nil || d.Year() < 1970 || d.Year() >= 2200 {
+			s.writeError(c, badRequest("period: current, previous or a date (YYYY-MM-DD, 1970 to 2199) in the period"))
 			return
 		}
 		at = d
@@ -130,8 +130,17 @@ func (s *Server) getUsage(c *gin.Context) {
 	}
 	for _, su := range u.Summary.Sessions {
 		j := sessionUsageJSON{SessionID: su.SessionID, Size: su.Size, RunningSeconds: su.Running.Seconds(), Credits: amountOf(su.Credits)}
-		if ses := byPK[su.SessionPK]; ses != nil {
+		ses := byPK[su.SessionPK]
+		if ses == nil { // deleted since: its row stays, hidden from the lists
+			if row, err := s.db.GetSessionByID(c.Request.Context(), su.SessionPK); err == nil && row.OrgID == org.ID {
+				ses = &row
+			}
+		}
+		if ses != nil {
 			j.Status, j.EgressBytes, j.SavedBytes = ses.Status, ses.EgressBytesUsed, ses.Saved.Bytes
+			if ses.Status == store.StatusDeleted {
+				j.SavedBytes = 0 // its saves went with it
+			}
 		}
 		out.Sessions = append(out.Sessions, j)
 	}

@@ -238,6 +238,10 @@ func (c *Client) doJSON(ctx context.Context, method, p string, q url.Values, in,
 	if err != nil {
 		return nil, resp, fmt.Errorf("%s %s: read answer: %w", method, p, err)
 	}
+	if out != nil && len(bytes.TrimSpace(raw)) == 0 && resp.StatusCode != http.StatusNoContent {
+		// A truncated or failed answer, never a zero-valued success.
+		return raw, resp, fmt.Errorf("%s %s: the server sent an empty answer (status %d)", method, p, resp.StatusCode)
+	}
 	if out != nil && len(raw) > 0 {
 		if err := json.Unmarshal(raw, out); err != nil {
 			return raw, resp, fmt.Errorf("%s %s: decode answer: %w", method, p, err)
