@@ -471,7 +471,7 @@ func TestE2E(t *testing.T) {
 		if r.stdout != "kept\n" {
 			t.Errorf("download after teardown: %s", r)
 		}
-		if r := s.run(nil, "exec", id, "--", "true"); r.code != 1 || !strings.Contains(r.stderr, "(conflict, request ") {
+		if r := s.run(nil, "exec", id, "--", "true"); r.code != 255 || !strings.Contains(r.stderr, "(conflict, request ") {
 			t.Errorf("exec in a stopped session: %s", r)
 		}
 		r = s.ok(nil, "resume", id)

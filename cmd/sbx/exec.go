@@ -49,7 +49,7 @@ terminal (at most 8 MiB of text); -n sends none.`,
 			}
 			return nil
 		},
-		RunE: func(cmd *cobra.Command, argv []string) error {
+		RunE: remoteStatus(func(cmd *cobra.Command, argv []string) error {
 			id := argv[0]
 			if err := checkSession(id); err != nil {
 				return err
@@ -99,7 +99,7 @@ terminal (at most 8 MiB of text); -n sends none.`,
 				return exitStatus(res.ExitCode)
 			}
 			return nil
-		},
+		}),
 	}
 	f := cmd.Flags()
 	f.StringVar(&req.Cwd, "cwd", "", "working directory (default /workspace)")

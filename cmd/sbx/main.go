@@ -16,7 +16,7 @@
 // Errors go to stderr as "sbx: <message> (<code>, request <id>)", then the
 // error's details when the server gives any (the numbers of a 402
 // insufficient_credits), with exit status 1, usage errors with 2; exec and shell exit with the remote
-// command's status.
+// command's status, and 255 when sbx itself failed (as ssh does).
 package main
 
 import (
@@ -29,6 +29,8 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+
+	"github.com/spf13/cobra"
 
 	"sandboxd/server/client"
 )
@@ -55,8 +57,38 @@ type exitStatus int
 
 func (e exitStatus) Error() string { return fmt.Sprintf("exit status %d", int(e)) }
 
+// ownFailure marks a failure of sbx itself in a command whose exit status
+// is otherwise the remote command's (exec, shell): it exits 255, as ssh
+// does, so a script tells "the command never ran" (a paused session, the
+// network) from the command's own status 1. Usage errors stay 2.
+type ownFailure struct{ err error }
+
+func (e ownFailure) Error() string { return e.err.Error() }
+func (e ownFailure) Unwrap() error { return e.err }
+
+// remoteStatus wraps a command's RunE so its own failures are ownFailure.
+func remoteStatus(run func(*cobra.Command, []string) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, argv []string) error {
+		err := run(cmd, argv)
+		var st exitStatus
+		var ue usageError
+		if err == nil || errors.As(err, &st) || errors.As(err, &ue) || errors.Is(err, context.Canceled) {
+			return err
+		}
+		return ownFailure{err}
+	}
+}
+
 // report prints err the way sbx reports errors and returns the exit status.
 func report(w io.Writer, err error) int {
+	var of ownFailure
+	if errors.As(err, &of) {
+		if code := report(w, of.err); code == 1 {
+			return 255
+		} else {
+			return code
+		}
+	}
 	var (
 		st  exitStatus
 		ue  usageError

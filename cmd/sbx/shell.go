@@ -33,7 +33,7 @@ missed. It ends, with the shell's exit status, when the shell exits.
 --terminal re-attaches to a shell left open earlier (its id is printed when a
 shell is left, e.g. after a pause).`,
 		Args: args(1, 1, "SESSION"),
-		RunE: func(cmd *cobra.Command, argv []string) error {
+		RunE: remoteStatus(func(cmd *cobra.Command, argv []string) error {
 			if err := checkSession(argv[0]); err != nil {
 				return err
 			}
@@ -42,7 +42,7 @@ shell is left, e.g. after a pause).`,
 				return err
 			}
 			return a.shell(cmd.Context(), c, argv[0], terminalID, reconnect)
-		},
+		}),
 	}
 	cmd.Flags().StringVar(&terminalID, "terminal", "", "re-attach to this terminal id")
 	cmd.Flags().DurationVar(&reconnect, "reconnect-timeout", 2*time.Minute, "how long to keep trying to reconnect a dropped connection")
