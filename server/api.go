@@ -157,7 +157,7 @@ func (s *Server) bodyLimit(c *gin.Context) {
 		limit = max(limit, maxUploadBytes) // file uploads (files.go)
 	}
 	if c.Request.ContentLength > limit {
-		s.writeError(c, errTooLarge)
+		s.writeError(c, tooLarge(limit))
 		return
 	}
 	if c.Request.Body != nil {
@@ -271,7 +271,7 @@ func decodeJSON(c *gin.Context, v any) error {
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			return errTooLarge
+			return tooLarge(mbe.Limit)
 		}
 		return badRequest("could not read the request body")
 	}

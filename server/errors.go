@@ -2,6 +2,7 @@ package server
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 
 	"github.com/gin-gonic/gin"
@@ -54,10 +55,27 @@ var classes = []struct {
 var (
 	errUnauthenticated  = errdefs.New(errdefs.ErrUnauthenticated, "missing, unknown or revoked bearer token")
 	errNotFound         = errdefs.NotFound("no such session")
-	errTooLarge         = errdefs.New(errdefs.ErrTooLarge, "request body is too large")
 	errInvalidSessionID = errdefs.Invalid("sessionId: 1-128 characters of letters, digits, '.', '_' or '-', starting with a letter or digit").
 				WithCode("invalid_session_id")
 )
+
+// tooLarge is a request body over limit bytes (413).
+func tooLarge(limit int64) error {
+	return errdefs.New(errdefs.ErrTooLarge, "request body is too large: this request takes at most %s", humanSize(limit))
+}
+
+// humanSize prints a byte count in the largest binary unit that divides it.
+func humanSize(n int64) string {
+	for _, u := range []struct {
+		div  int64
+		name string
+	}{{1 << 30, "GiB"}, {1 << 20, "MiB"}, {1 << 10, "KiB"}} {
+		if n >= u.div && n%u.div == 0 {
+			return fmt.Sprintf("%d %s", n/u.div, u.name)
+		}
+	}
+	return fmt.Sprintf("%d bytes", n)
+}
 
 func badRequest(format string, args ...any) error { return errdefs.Invalid(format, args...) }
 

@@ -263,7 +263,7 @@ func (s *Server) putFile(c *gin.Context) {
 		var mbe *http.MaxBytesError
 		switch {
 		case errors.As(err, &mbe):
-			s.writeError(c, errTooLarge)
+			s.writeError(c, tooLarge(mbe.Limit))
 			return
 		case errors.Is(err, workspace.ErrBodyRead):
 			s.writeError(c, badRequest("could not read the request body (an upload must arrive within %s)", s.fileIODeadline()))

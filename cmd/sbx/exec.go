@@ -17,7 +17,8 @@ import (
 )
 
 // maxStdin bounds what exec and run read from standard input (the API
-// carries it inside a JSON body).
+// carries it inside a JSON body, which the server's limits.maxBodyBytes
+// bounds again).
 const maxStdin = 8 << 20
 
 func (a *app) execCmd() *cobra.Command {
@@ -35,8 +36,10 @@ unless --cwd), like ssh: the words after -- are joined with spaces into one
 command line, so quote what the remote shell should see as one word.
 
 Its standard output and error are printed when it ends, and sbx exits with its
-status (124 when it timed out). Standard input is sent along when it is not a
-terminal (at most 8 MiB of text); -n sends none.`,
+status (124 when it timed out; 255 when sbx itself failed). Standard input is
+sent along when it is not a terminal, as text inside the request, so at most
+what the server takes in one request (limits.maxBodyBytes, 1 MiB by default;
+copy larger input in with 'sbx cp'); -n sends none.`,
 		Example: `  sbx exec demo-1 -- python --version
   sbx exec demo-1 --cwd /workspace/app --env CI=1 -- 'make test 2>&1 | tail -5'
   echo hello | sbx exec demo-1 -- wc -c`,
@@ -75,6 +78,10 @@ terminal (at most 8 MiB of text); -n sends none.`,
 				return err
 			}
 			res, err := c.Exec(cmd.Context(), id, req)
+			if err != nil && req.Stdin != nil && client.IsCode(err, "too_large") {
+				return fmt.Errorf("standard input (%s) is more than the server takes in one request: %w; "+
+					"copy it in with 'sbx cp FILE %s:in.txt' and run the command with '< in.txt'", humanBytes(int64(len(*req.Stdin))), err, id)
+			}
 			if err != nil {
 				return err
 			}
