@@ -183,8 +183,20 @@ func (s *shellSession) serve(ctx context.Context, t *client.Terminal) error {
 	if s.inputClosed {
 		input = nil
 	}
+	// After standard input ended, Ctrl-D again every second until the
+	// shell exits: one sent while the shell was still starting is lost
+	// when it puts its terminal in raw mode, and a command that does not
+	// read its input leaves the next one for the shell.
+	eofTick := time.NewTicker(time.Second)
+	defer eofTick.Stop()
 	for {
 		select {
+		case <-eofTick.C:
+			if s.inputClosed {
+				if _, err := t.Write([]byte{4}); err != nil {
+					return errDropped
+				}
+			}
 		case <-ctx.Done():
 			return ctx.Err()
 		case ev, ok := <-events:
