@@ -12,11 +12,13 @@ package server
 // is guarded by its mutex, and the SDK's server is safe for concurrent use.
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"log/slog"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -141,6 +143,7 @@ func (s *Server) serveMCP(c *gin.Context) {
 		}
 	}
 	s.mcp.handler.ServeHTTP(w, r)
+	w.finish(c)
 }
 
 // touch reports whether p may use MCP session id: yes unless the session is
@@ -231,6 +234,31 @@ type mcpWriter struct {
 	http.ResponseWriter
 	onHeader func(http.Header)
 	sent     bool
+	// The SDK answers malformed requests with http.Error's text/plain:
+	// held back (status and text) and sent as the contract's JSON error
+	// by finish.
+	plainStatus int
+	plain       bytes.Buffer
+}
+
+// finish sends a held-back text/plain error as the contract's error body.
+func (w *mcpWriter) finish(c *gin.Context) {
+	if w.plainStatus == 0 {
+		return
+	}
+	h := w.Header()
+	h.Del("Content-Type")
+	h.Del("Content-Length")
+	code := "invalid_request"
+	if w.plainStatus >= 500 {
+		code = "internal"
+	}
+	for _, k := range classes {
+		if k.status == w.plainStatus {
+			code = k.code
+		}
+	}
+	answerError(c, w.plainStatus, code, strings.TrimSpace(w.plain.String()))
 }
 
 func (w *mcpWriter) header() {
@@ -243,16 +271,29 @@ func (w *mcpWriter) header() {
 }
 
 func (w *mcpWriter) WriteHeader(code int) {
+	if code >= 400 && !w.sent && strings.HasPrefix(w.Header().Get("Content-Type"), "text/plain") {
+		w.plainStatus = code
+		return
+	}
 	w.header()
 	w.ResponseWriter.WriteHeader(code)
 }
 
 func (w *mcpWriter) Write(b []byte) (int, error) {
+	if w.plainStatus != 0 {
+		if w.plain.Len() < 4096 {
+			w.plain.Write(b[:min(len(b), 4096-w.plain.Len())])
+		}
+		return len(b), nil
+	}
 	w.header()
 	return w.ResponseWriter.Write(b)
 }
 
 func (w *mcpWriter) Flush() {
+	if w.plainStatus != 0 {
+		return
+	}
 	w.header()
 	if f, ok := w.ResponseWriter.(http.Flusher); ok {
 		f.Flush()
