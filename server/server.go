@@ -157,6 +157,10 @@ func New(ctx context.Context, cfg *config.Config, out io.Writer) (*Server, error
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("data dir: %w", err)
 	}
+	if st, err := os.Stat(cfg.DataDir); err == nil && st.Mode().Perm()&0o002 != 0 {
+		// Any user could swap its directories, sockets or key.
+		return nil, fmt.Errorf("data dir %s is writable by every user (mode %o): chmod 700 it (sandboxd doctor checks it)", cfg.DataDir, st.Mode().Perm())
+	}
 	// One server per data dir: a second one would reconcile (and undo)
 	// the first one's sandboxes.
 	lock, err := lockDataDir(cfg.DataDir)
@@ -178,6 +182,11 @@ func New(ctx context.Context, cfg *config.Config, out io.Writer) (*Server, error
 	}()
 	if cfg.Clock != nil {
 		db.Now = cfg.Clock
+	}
+	// The secrets key must open before the first start makes its owner
+	// (newServer loads it for use).
+	if _, err := store.LoadKeyring(cfg.DataDir, os.Getenv("SANDBOXD_SECRETS_KEY")); err != nil {
+		return nil, err
 	}
 	if err := bootstrap(ctx, db, cfg.DataDir, cfg.Plans.FirstOrg, out); err != nil {
 		return nil, err

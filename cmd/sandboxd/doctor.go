@@ -24,6 +24,7 @@ import (
 	"sandboxd/runsc/image"
 	"sandboxd/server"
 	"sandboxd/server/config"
+	"sandboxd/store"
 )
 
 // doctor checks this machine and the configuration for what the server
@@ -194,14 +195,35 @@ func checkDataDir(dir string) runsc.Finding {
 		return runsc.Finding{Name: name, Status: runsc.CheckProblem, Seen: dir + " is not a directory",
 			Fix: "point --data-dir (or dataDir) at a directory, e.g. /var/lib/sandboxd"}
 	}
+	if st.Mode().Perm()&0o002 != 0 {
+		return runsc.Finding{Name: name, Status: runsc.CheckProblem,
+			Seen: fmt.Sprintf("%s is writable by every user (mode %o): anyone could swap the server's directories or its key", dir, st.Mode().Perm()),
+			Fix:  "sudo chmod 700 " + dir}
+	}
 	seen := dir
-	if _, err := os.Stat(config.DBPath(dir)); err == nil {
+	db := config.DBPath(dir)
+	if f, err := os.Open(db); err == nil {
+		head := make([]byte, 16)
+		n, _ := io.ReadFull(f, head)
+		f.Close()
+		if n > 0 && string(head[:n]) != sqliteMagic { // an empty file is a database yet to be made
+			return runsc.Finding{Name: name, Status: runsc.CheckProblem, Seen: db + " is not an SQLite database",
+				Fix: "restore it from a backup, or move it away to start afresh: sudo mv " + db + " " + db + ".broken"}
+		}
 		seen += " (with a database)"
 	} else {
 		seen += " (no database yet: the server makes it at its first start)"
 	}
+	key := filepath.Join(dir, store.KeyFile)
+	if st, err := os.Stat(key); err == nil && os.Getenv("SANDBOXD_SECRETS_KEY") == "" && st.Size() != 32 {
+		return runsc.Finding{Name: name, Status: runsc.CheckProblem, Seen: fmt.Sprintf("%s holds %d bytes, not a 32-byte key: the server cannot open its sealed secrets", key, st.Size()),
+			Fix: "restore " + key + " from a backup (a new key cannot open secrets sealed with the old one; without any, remove it)"}
+	}
 	return runsc.Finding{Name: name, Status: runsc.CheckOK, Seen: seen}
 }
+
+// sqliteMagic starts every SQLite database file.
+const sqliteMagic = "SQLite format 3\x00"
 
 // checkImage looks for the configured recipe's image where the server
 // would (image.Find: without building or touching the cache), and for the

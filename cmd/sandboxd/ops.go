@@ -124,7 +124,7 @@ func (c *cli) orgCmd() *cobra.Command {
 			tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "ID\tNAME\tPLAN\tPERIOD\tUSED\tREMAINING")
 			for _, o := range orgs {
-				u, err := sandbox.UsageAt(cmd.Context(), db, cfg.Plans, o.ID, time.Now(), time.Time{}, quietLog())
+				u, err := sandbox.UsageAt(cmd.Context(), db, cfg.Plans, o.ID, openUntil(cfg.DataDir), time.Now(), quietLog())
 				if err != nil {
 					return err
 				}
@@ -136,6 +136,16 @@ func (c *cli) orgCmd() *cobra.Command {
 	}
 	org.AddCommand(create, list)
 	return org
+}
+
+// openUntil is how far open runs count: up to now while a server runs
+// (it sees them alive), else up to where it last saw them (zero time),
+// which is what its next start charges: downtime is never counted.
+func openUntil(dataDir string) time.Time {
+	if serverRunning(dataDir) {
+		return time.Now()
+	}
+	return time.Time{}
 }
 
 func quietLog() *slog.Logger {
@@ -336,7 +346,7 @@ after "--": sandboxd credits grant acme -- -5`,
 				return err
 			}
 			audit(db, org.ID, "org.credits_grant", map[string]any{"orgId": org.ID, "creditsMilli": int64(amt), "note": note, "grantId": g.ID})
-			u, err := sandbox.UsageAt(cmd.Context(), db, cfg.Plans, org.ID, now, now, quietLog())
+			u, err := sandbox.UsageAt(cmd.Context(), db, cfg.Plans, org.ID, openUntil(cfg.DataDir), now, quietLog())
 			if err != nil {
 				return err
 			}

@@ -79,7 +79,8 @@ func (m *Manager) Usage(ctx context.Context, orgID string, at time.Time) (Usage,
 }
 
 // UsageAt computes an organization's usage in the period holding at (zero:
-// now), open runs counted up to now: the server's and the operator
+// now), open runs counted up to now (zero: up to where they were last
+// seen, as with the server stopped): the server's and the operator
 // commands' one way to get it.
 func UsageAt(ctx context.Context, db UsageStore, plans config.Plans, orgID string, now, at time.Time, log *slog.Logger) (Usage, error) {
 	if at.IsZero() {
