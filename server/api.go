@@ -331,7 +331,14 @@ func jsonError(err error) error {
 		if te.Field == "" {
 			return badRequest("request body must be a JSON object")
 		}
-		return badRequest("%s: must be %s", te.Field, jsonKind(te.Type.Kind().String()))
+		want := jsonKind(te.Type.Kind().String())
+		switch {
+		case te.Type == reflect.TypeFor[json.Number]():
+			want = "a number"
+		case strings.HasPrefix(te.Value, "number") && want == "a number": // 1.5 for an integer
+			want = "a whole number"
+		}
+		return badRequest("%s: must be %s", te.Field, want)
 	case errors.Is(err, io.ErrUnexpectedEOF):
 		return badRequest("malformed JSON: unexpected end of input")
 	}
@@ -347,7 +354,9 @@ func jsonKind(k string) string {
 		return "a string"
 	case "map":
 		return "an object"
-	case "int", "int64", "uint64", "float64", "int32":
+	case "int", "int64", "uint64", "int32", "uint32", "int16", "uint16", "int8", "uint8", "uint":
+		return "a number"
+	case "float64", "float32":
 		return "a number"
 	case "bool":
 		return "a boolean"

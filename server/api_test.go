@@ -243,6 +243,7 @@ func TestAPIMalformedBodies(t *testing.T) {
 		{"unknown nested type", `{"sessionId":"a","size":{"vcpus":2}}`, "size: must be a string"},
 		{"wrong type string", `{"sessionId":123}`, "sessionId: must be a string"},
 		{"wrong type number", `{"sessionId":"a","idleTimeoutSeconds":"60"}`, "idleTimeoutSeconds: must be a number"},
+		{"fraction for an integer", `{"sessionId":"a","idleTimeoutSeconds":1.5}`, "idleTimeoutSeconds: must be a whole number"},
 		{"wrong type map", `{"sessionId":"a","env":["A=1"]}`, "env: must be an object"},
 		{"wrong type map value", `{"sessionId":"a","env":{"A":1}}`, "env"},
 	}

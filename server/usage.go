@@ -169,13 +169,13 @@ func (s *Server) operatorOrg(c *gin.Context) (store.Org, bool) {
 
 // auditTarget also records an operator's change in the organization it
 // changed, so that organization's audit log shows it.
-func (s *Server) auditTarget(c *gin.Context, org store.Org, action string, details map[string]any) {
+func (s *Server) auditTarget(c *gin.Context, org store.Org, action string, status int, details map[string]any) {
 	p := principal(c)
 	if org.ID == p.Org.ID {
 		return
 	}
 	s.db.Audit(store.AuditRecord{Time: s.sessions.Now(), OrgID: org.ID, UserID: p.User.ID, TokenID: p.TokenID, Action: action,
-		Outcome: "ok", Status: http.StatusOK, RemoteAddr: c.ClientIP(), RequestID: requestID(c), Details: details})
+		Outcome: "ok", Status: status, RemoteAddr: c.ClientIP(), RequestID: requestID(c), Details: details})
 }
 
 // setPlan: PUT /v1/orgs/:orgId/plan {"plan": "pro"} (operators).
@@ -203,7 +203,7 @@ func (s *Server) setPlan(c *gin.Context) {
 	d := map[string]any{"orgId": org.ID, "plan": pl.Name}
 	auditDetail(c, "orgId", org.ID)
 	auditDetail(c, "plan", pl.Name)
-	s.auditTarget(c, org, "org.plan_set", d)
+	s.auditTarget(c, org, "org.plan_set", http.StatusOK, d)
 	c.JSON(http.StatusOK, gin.H{"organization": gin.H{"id": org.ID, "name": org.Name}, "plan": planOut(pl)})
 }
 
@@ -241,7 +241,7 @@ func (s *Server) grantCredits(c *gin.Context) {
 	for k, v := range d {
 		auditDetail(c, k, v)
 	}
-	s.auditTarget(c, org, "org.credits_grant", d)
+	s.auditTarget(c, org, "org.credits_grant", http.StatusCreated, d)
 	u, err := s.sessions.Usage(c.Request.Context(), org.ID, time.Time{})
 	if err != nil {
 		s.writeError(c, err)

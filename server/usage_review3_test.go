@@ -3,6 +3,7 @@ package server
 import (
 	"encoding/json"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 )
@@ -70,5 +71,15 @@ func TestReview3UsageDeletedSessionStatus(t *testing.T) {
 	}
 	if len(u.Sessions) != 1 || u.Sessions[0].SessionID != "gone-1" || u.Sessions[0].Status != "deleted" {
 		t.Fatalf("usage of a deleted session: %+v", u.Sessions)
+	}
+}
+
+// A grant's amount of the wrong type is named as the number it must be.
+func TestGrantAmountType(t *testing.T) {
+	e := newAPIEnv(t)
+	rec := e.do("POST", "/v1/orgs/"+e.owner.Org.ID+"/credits", e.token, map[string]any{"credits": true})
+	apiError(t, rec, http.StatusBadRequest, "invalid_request")
+	if !strings.Contains(rec.Body.String(), "credits: must be a number") {
+		t.Fatalf("grant of true: %s", rec.Body)
 	}
 }
