@@ -167,13 +167,6 @@ func checkRoot() runsc.Finding {
 
 // configFile is the config file the shared flags or environment name ("":
 // the built-in defaults alone).
-func (c *cli) configFile() string {
-	if c.o.ConfigFile != "" {
-		return c.o.ConfigFile
-	}
-	return os.Getenv("SANDBOXD_CONFIG")
-}
-
 func (c *cli) configFinding(cfg *config.Config) runsc.Finding {
 	from := "built-in defaults"
 	if f := c.configFile(); f != "" {

@@ -87,7 +87,9 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 
 Its other commands work on the data dir (--data-dir, $SANDBOXD_DATA_DIR or the
 config file's dataDir; default /var/lib/sandboxd) with the server stopped or
-running. Environment: SANDBOXD_LISTEN, SANDBOXD_DATA_DIR, SANDBOXD_CONFIG (flags
+running. The config file is --config, else $SANDBOXD_CONFIG, else
+/etc/sandboxd/sandboxd.yaml when it exists (make install puts it there), else
+the built-in defaults. Environment: SANDBOXD_LISTEN, SANDBOXD_DATA_DIR (flags
 win); SANDBOXD_SECRETS_KEY (base64 of 32 bytes) replaces <data-dir>/secrets.key.`,
 		SilenceErrors: true,
 		SilenceUsage:  true,
@@ -120,8 +122,31 @@ func requireRoot() error {
 	return nil
 }
 
+// installedConfig is the config file make install puts in place; every
+// command reads it when neither --config nor SANDBOXD_CONFIG names one, so
+// the operator commands see what the installed server does.
+var installedConfig = "/etc/sandboxd/sandboxd.yaml"
+
 // config loads the configuration the shared flags point at.
-func (c *cli) config() (*config.Config, error) { return config.Load(c.o) }
+func (c *cli) config() (*config.Config, error) {
+	o := c.o
+	o.ConfigFile = c.configFile()
+	return config.Load(o)
+}
+
+// configFile is the config file the commands read ("": the defaults).
+func (c *cli) configFile() string {
+	if c.o.ConfigFile != "" {
+		return c.o.ConfigFile
+	}
+	if f := os.Getenv("SANDBOXD_CONFIG"); f != "" {
+		return f
+	}
+	if _, err := os.Stat(installedConfig); err == nil {
+		return installedConfig
+	}
+	return ""
+}
 
 // openDB opens the data dir's database, which must exist unless create.
 func (c *cli) openDB(create bool) (*config.Config, *store.DB, error) {
