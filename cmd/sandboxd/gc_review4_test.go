@@ -1,0 +1,141 @@
+package main
+
+// Review 4: sandboxd gc against things planted in its own sandboxes dir
+// that lead out of it. Real components (runsc, mounts, netns), as in
+// gc_real_test.go; needs root and SANDBOXD_BIN, skips in -short mode.
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"sandboxd/store"
+)
+
+func review4GCConf(t *testing.T) (bin, conf string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("real gVisor test (not in -short)")
+	}
+	bin = os.Getenv("SANDBOXD_BIN")
+	if bin == "" {
+		t.Skip("SANDBOXD_BIN unset: run `make build`, then SANDBOXD_BIN=$PWD/bin")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("real gVisor tests need root")
+	}
+	bin, _ = filepath.Abs(bin)
+	conf = filepath.Join(t.TempDir(), "sandboxd.yaml")
+	if err := os.WriteFile(conf, []byte("runsc:\n  binary: "+filepath.Join(bin, "runsc")+"\n  agent: "+filepath.Join(bin, "sandboxd-agent")+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return bin, conf
+}
+
+// Review 4: gc of data dir A unmounts the live sandbox of data dir B (and
+// deletes files outside A) through symlinks in A's sandboxes dir.
+//
+// gc promises "never another data dir's" and "a directory that is still a
+// mount point is never deleted". Destroy, which gc --apply (and the
+// server's start-up Collect) runs on an unclaimed id, unmounts
+// <dir>/rootfs and <dir>/disk by path with umount(2), which follows
+// symlinks (no UMOUNT_NOFOLLOW), and on EBUSY detaches them; for a
+// stopped/failed row it then RemoveAll()s <dir>/config.json, run, rootfs,
+// disk, ... through a sandbox dir that is itself a symlink. Its "mounts
+// under the dir" check reads mountinfo by the unresolved path, so it sees
+// nothing.
+//
+// Planted in A (no server running):
+//   - a sandbox dir <A>-<16hex> (no row) whose rootfs and disk are
+//     symlinks to B's running sandbox's rootfs and disk mounts;
+//   - a sandbox dir <A>-<16hex> that is a symlink to a directory outside
+//     A (config.json, run/, a tmpfs at disk/), with a stopped row and a
+//     leftover netns (so gc removes "its container, netns, cgroups and
+//     mounts" and keeps "its sandbox dir and disk").
+//
+// Seen: B's sandbox loses its disk and rootfs mounts (its teardown then
+// fails for ever: "the session could not be saved", as on a live node
+// with two servers), and the outside directory loses config.json, run/
+// and its tmpfs. Expected: nothing outside A's sandboxes dir is touched
+// (umount with UMOUNT_NOFOLLOW, a sandbox dir that is a symlink or leads
+// elsewhere is refused or only unlinked).
+func TestReview4GCFollowsSymlinksOutOfTheDataDir(t *testing.T) {
+	bin, conf := review4GCConf(t)
+	a, b := newGCInstall(t, conf), newGCInstall(t, conf)
+
+	bReal := b.id("victim")
+	realSandbox(t, b, bReal, bin)
+	bDisk, bRoot := filepath.Join(b.sandbox(bReal), "disk"), filepath.Join(b.sandbox(bReal), "rootfs")
+	bMounts := mountsBelow(b.dir)
+	if !slices.Contains(bMounts, bDisk) || !slices.Contains(bMounts, bRoot) {
+		t.Skipf("B's sandbox has no disk and rootfs mounts (no image in /var/cache/sandboxd/images?): %v", bMounts)
+	}
+
+	// A sandbox dir of A whose rootfs and disk lead into B's sandbox.
+	aLinks := a.id("links")
+	if err := os.MkdirAll(a.sandbox(aLinks), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(a.sandbox(aLinks)) }) // before A's own cleanup, which would follow them too
+	for _, n := range []string{"rootfs", "disk"} {
+		if err := os.Symlink(filepath.Join(b.sandbox(bReal), n), filepath.Join(a.sandbox(aLinks), n)); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// A sandbox dir of A that is a symlink to a directory elsewhere, with
+	// a stopped row and a leftover netns.
+	outside := t.TempDir()
+	for _, p := range []string{"config.json", "sandbox.pid", "disk.img"} {
+		if err := os.WriteFile(filepath.Join(outside, p), []byte("not A's\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.MkdirAll(filepath.Join(outside, "run"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(outside, "run", "keep"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	plantTmpfs(t, filepath.Join(outside, "disk"))
+	aLinked := a.id("linked")
+	if err := os.MkdirAll(filepath.Join(a.dir, "sandboxes"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(outside, a.sandbox(aLinked)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(a.sandbox(aLinked)) })
+	a.addRow(t, "linked", store.StatusStopped)
+	plantNetns(t, aLinked)
+
+	code, out, errs := gcRunIn(t, conf, a.dir, "--apply")
+	t.Logf("gc --apply: exit %d\n%s%s", code, out, errs)
+
+	after := mountsBelow(b.dir)
+	for _, m := range []string{bDisk, bRoot} {
+		if !slices.Contains(after, m) {
+			t.Errorf("gc of %s unmounted %s of another data dir's running sandbox (mounts under B now: %v)", a.dir, m, after)
+		}
+	}
+	for _, p := range []string{"config.json", "sandbox.pid", "disk.img", "run/keep", "disk/keep"} {
+		if _, err := os.Stat(filepath.Join(outside, p)); err != nil {
+			t.Errorf("gc of %s removed %s outside its data dir: %v", a.dir, filepath.Join(outside, p), err)
+		}
+	}
+	if !isMount(filepath.Join(outside, "disk")) {
+		t.Errorf("gc of %s unmounted %s outside its data dir", a.dir, filepath.Join(outside, "disk"))
+	}
+}
+
+func isMount(p string) bool {
+	b, _ := os.ReadFile("/proc/self/mountinfo")
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && f[4] == p {
+			return true
+		}
+	}
+	return false
+}
