@@ -5,11 +5,17 @@ package main
 // gc_real_test.go; needs root and SANDBOXD_BIN, skips in -short mode.
 
 import (
+	"encoding/json"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"sandboxd/store"
 )
@@ -138,4 +144,108 @@ func isMount(p string) bool {
 		}
 	}
 	return false
+}
+
+// spawnWithPid starts `sleep` as the process with pid want (pid reuse, as
+// after a reboot or a wrap of pid_max: /proc/sys/kernel/ns_last_pid),
+// retrying while other processes of the machine take it first.
+func spawnWithPid(t *testing.T, want int) *exec.Cmd {
+	t.Helper()
+	for i := 0; i < 500; i++ {
+		if err := os.WriteFile("/proc/sys/kernel/ns_last_pid", []byte(strconv.Itoa(want-1)), 0o644); err != nil {
+			t.Skipf("cannot set ns_last_pid: %v", err)
+		}
+		cmd := exec.Command("sleep", "600")
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		if cmd.Process.Pid == want {
+			return cmd
+		}
+		cmd.Process.Kill()
+		cmd.Wait()
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", want)); err == nil {
+			t.Skipf("pid %d is taken by another process", want)
+		}
+	}
+	t.Skipf("could not get pid %d", want)
+	return nil
+}
+
+// Review 4: gc --apply (like the server's Destroy and its start-up
+// Collect) SIGKILLs an unrelated host process that has the pid a dead
+// sandbox had.
+//
+// runsc's state root is <data-dir>/runsc, on the persistent disk: after a
+// reboot (or, with pid_max 32768 as on this host, a wrap of the pids while
+// the sandbox was dead) its state files still name the old sandbox and
+// gofer pids. `runsc list` then calls the container "running" (the pid
+// exists), and `runsc delete --force`, which Destroy runs first, kills
+// that pid; Destroy's own fallback kills <dir>/sandbox.pid as well, with
+// no check of what the process is. Here a dead sandbox of no session
+// (a leftover gc is meant to remove) had pid P; an unrelated `sleep` now
+// has pid P; gc --apply kills it. Expected: gc removes the leftover and
+// leaves every process that is not that sandbox's runsc process alone
+// (check the process, e.g. its start time against the state file's, or
+// its cmdline/root; or keep runsc's state on a tmpfs such as /run).
+//
+// (The server itself, started after such a reboot, adopts the dead
+// sandbox as running because pidAlive(P) is true, answers exec with
+// "internal error", fails every teardown, and its delete kills P and the
+// reused gofer pid.)
+func TestReview4GCKillsProcessWithReusedSandboxPid(t *testing.T) {
+	bin, conf := review4GCConf(t)
+	a := newGCInstall(t, conf)
+	id := a.id("dead")
+	realSandbox(t, a, id, bin)
+	ms, _ := filepath.Glob(filepath.Join(a.dir, "runsc", id+"_sandbox:*.state"))
+	if len(ms) != 1 {
+		t.Fatalf("runsc state files of %s: %v", id, ms)
+	}
+	raw, err := os.ReadFile(ms[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st struct {
+		GoferPid int `json:"goferPid"`
+		Sandbox  struct {
+			Pid int `json:"pid"`
+		} `json:"sandbox"`
+	}
+	if err := json.Unmarshal(raw, &st); err != nil || st.Sandbox.Pid <= 1 {
+		t.Fatalf("runsc state %s: %v %+v", ms[0], err, st)
+	}
+	// The sandbox dies (its processes are gone; runsc's state stays).
+	for _, p := range []int{st.Sandbox.Pid, st.GoferPid} {
+		if p > 1 {
+			syscall.Kill(p, syscall.SIGKILL)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for _, p := range []int{st.Sandbox.Pid, st.GoferPid} {
+		for p > 1 && time.Now().Before(deadline) {
+			if _, err := os.Stat(fmt.Sprintf("/proc/%d", p)); err != nil {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	// An unrelated process now has the sandbox's pid.
+	victim := spawnWithPid(t, st.Sandbox.Pid)
+	exited := make(chan error, 1)
+	go func() { exited <- victim.Wait() }()
+	t.Cleanup(func() { victim.Process.Kill(); <-exited })
+
+	code, out, errs := gcRunIn(t, conf, a.dir, "--apply")
+	t.Logf("gc --apply: exit %d\n%s%s", code, out, errs)
+	if !strings.Contains(out, id) {
+		t.Errorf("gc did not list the dead sandbox %s", id)
+	}
+	select {
+	case err := <-exited:
+		exited <- err
+		t.Fatalf("gc --apply killed pid %d, an unrelated process (sleep) that reused the dead sandbox's pid: %v", st.Sandbox.Pid, err)
+	case <-time.After(2 * time.Second):
+	}
 }
