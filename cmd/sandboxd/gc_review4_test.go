@@ -5,6 +5,7 @@ package main
 // gc_real_test.go; needs root and SANDBOXD_BIN, skips in -short mode.
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -17,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"sandboxd/runsc"
 	"sandboxd/store"
 )
 
@@ -247,5 +249,127 @@ func TestReview4GCKillsProcessWithReusedSandboxPid(t *testing.T) {
 		exited <- err
 		t.Fatalf("gc --apply killed pid %d, an unrelated process (sleep) that reused the dead sandbox's pid: %v", st.Sandbox.Pid, err)
 	case <-time.After(2 * time.Second):
+	}
+}
+
+// Review 4: a server that starts while `sandboxd gc --apply` runs (gc saw
+// it stopped) has the sandbox it resumes meanwhile destroyed by gc.
+//
+// gc decides once, at its start, whether the server runs, and does not
+// hold <data-dir>/sandboxd.lock while it removes: with the server seen
+// stopped it neither skips recent changes nor reads a row again before
+// removing. A server started meanwhile (systemd's Restart=, a deploy, an
+// operator in another shell) adopts its sessions and users resume them;
+// here a failed session with a leftover netns (gc plans: remove its
+// container, netns, cgroups and mounts, keep its dir and disk) is resumed
+// while gc's `runsc delete` runs (a wrapper holds it until the resume is
+// done, standing in for a slow runsc on a loaded node). gc then deletes
+// the resumed session's new container, netns and mounts: the session is
+// "running" in its row with no sandbox. Expected: gc --apply with the
+// server stopped holds the data dir's lock while it removes (a server
+// cannot start meanwhile), or treats a server that appears as the running
+// case (skip, read the row again).
+func TestReview4GCServerStartsDuringApply(t *testing.T) {
+	bin, conf := review4GCConf(t)
+	a := newGCInstall(t, conf)
+	ctx := context.Background()
+	imgs, _ := filepath.Glob("/var/cache/sandboxd/images/*/rootfs")
+	if len(imgs) == 0 {
+		t.Skip("no image in /var/cache/sandboxd/images")
+	}
+	limits := runsc.Limits{VCPUs: 1, MemoryMiB: 512, DiskMiB: 64, Pids: 256, Processes: runsc.DefaultProcesses(256)}
+
+	// A failed session (its sandbox died; the release of its netns
+	// failed): its disk, and a leftover netns.
+	id := a.id("resumed")
+	if err := a.rt.Create(ctx, runsc.Sandbox{ID: id, Image: imgs[0], Limits: limits}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.rt.Destroy(ctx, id, runsc.DestroyOpts{KeepDisk: true}); err != nil {
+		t.Fatal(err)
+	}
+	row := a.addRow(t, "resumed", store.StatusFailed)
+	plantNetns(t, id)
+
+	// gc's runsc: `delete` waits for the go file (at most 60 s).
+	gate := t.TempDir()
+	wrapper := filepath.Join(gate, "runsc")
+	script := "#!/bin/sh\nfor a in \"$@\"; do if [ \"$a\" = delete ]; then touch " + gate + "/deleting; i=0; while [ ! -e " + gate + "/go ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done; fi; done\nexec " + filepath.Join(bin, "runsc") + " \"$@\"\n"
+	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	gcConf := filepath.Join(gate, "gc.yaml")
+	if err := os.WriteFile(gcConf, []byte("runsc:\n  binary: "+wrapper+"\n  agent: "+filepath.Join(bin, "sandboxd-agent")+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		code     int
+		out, err string
+	}
+	done := make(chan result, 1)
+	go func() {
+		code, out, errs := gcRunIn(t, gcConf, a.dir, "--apply")
+		done <- result{code, out, errs}
+	}()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if _, err := os.Stat(filepath.Join(gate, "deleting")); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			os.WriteFile(filepath.Join(gate, "go"), nil, 0o600)
+			t.Fatalf("gc never ran runsc delete: %+v", <-done)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	// The server starts (it takes the lock) and the session is resumed.
+	lock, err := os.OpenFile(filepath.Join(a.dir, lockName), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		os.WriteFile(filepath.Join(gate, "go"), nil, 0o600)
+		t.Fatalf("gc holds the data dir's lock (the server could not start): %v", err)
+	}
+	row.Status = store.StatusStopping
+	if err := a.db.UpdateSession(ctx, row); err != nil {
+		t.Fatal(err)
+	}
+	// Resume of a failed session: what is left of its sandbox goes, then
+	// it starts on its disk (Manager.Resume: stopSessionLocked, startLocked).
+	resumeErr := a.rt.Destroy(ctx, id, runsc.DestroyOpts{KeepDisk: true})
+	if resumeErr == nil {
+		resumeErr = a.rt.Create(ctx, runsc.Sandbox{ID: id, Image: imgs[0], Limits: limits, Existing: true})
+	}
+	if resumeErr == nil {
+		row.Status = store.StatusRunning
+		if err := a.db.UpdateSession(ctx, row); err != nil {
+			t.Fatal(err)
+		}
+	}
+	os.WriteFile(filepath.Join(gate, "go"), nil, 0o600)
+	res := <-done
+	t.Logf("gc --apply: exit %d\n%s%s", res.code, res.out, res.err)
+	if resumeErr != nil {
+		t.Fatalf("resume (as the server would): %v", resumeErr)
+	}
+
+	st, err := a.rt.Inspect(ctx, id)
+	if err != nil || st.Status != runsc.StatusRunning {
+		t.Errorf("the resumed session's sandbox is %v (%v) after gc, want running", st.Status, err)
+	}
+	ms := mountsBelow(a.sandbox(id))
+	for _, m := range []string{"disk", "rootfs"} {
+		if !slices.Contains(ms, filepath.Join(a.sandbox(id), m)) {
+			t.Errorf("the resumed session's %s mount is gone after gc (mounts: %v)", m, ms)
+		}
+	}
+	if _, err := os.Stat("/var/run/netns/" + id); err != nil {
+		t.Errorf("the resumed session's netns is gone after gc: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(a.sandbox(id), "disk.img")); err != nil {
+		t.Errorf("the resumed session's disk: %v", err)
 	}
 }
