@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"sandboxd/runsc"
+	"sandboxd/server/config"
 	"sandboxd/store"
 )
 
@@ -408,5 +409,58 @@ func review4ResumeDuringGC(t *testing.T, running bool) {
 	}
 	if _, err := os.Stat(filepath.Join(a.sandbox(id), "disk.img")); err != nil {
 		t.Errorf("the resumed session's disk: %v", err)
+	}
+}
+
+// Review 4: with a space in the data dir's path, gc deletes through a
+// mount and lists no mounts at all.
+//
+// The driver finds mounts by comparing the raw mount point field of
+// /proc/self/mountinfo with the path, but the kernel escapes space, tab,
+// newline and backslash there as \040, \011, \012 and \134: under
+// "/tmp/sbx gc123/" no mount is ever found. So gc's dry run does not
+// list a leftover's mount, and --apply (Destroy: "unmounts whatever is
+// below the dir first and never deletes through a mount") RemoveAll()s
+// into it: here the file on a tmpfs mounted in a leftover sandbox dir of
+// no session is deleted, then gc fails with "device or resource busy".
+// (The same comparison makes the server leave runsc's null-netns mounted
+// when it stops, and gc then says "nothing to remove".) Expected: the
+// mount listed and unmounted, the file kept.
+func TestReview4GCDataDirWithSpaceDeletesThroughMount(t *testing.T) {
+	_, conf := review4GCConf(t)
+	dir, err := os.MkdirTemp("", "sbx gc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if ms := mountsBelow(strings.ReplaceAll(dir, " ", `\040`)); len(ms) > 0 {
+			t.Errorf("mounts left under %s, not removing it: %v", dir, ms)
+			return
+		}
+		os.RemoveAll(dir)
+	})
+	db, err := store.Open(config.DBPath(dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	id := config.ResourcePrefix(dir) + "-00000000000000a1"
+	scratch := filepath.Join(dir, "sandboxes", id, "scratch")
+	plantTmpfs(t, scratch) // with scratch/keep
+
+	rep := gcJSON(t, conf, dir)
+	var listed bool
+	for _, e := range rep.Sandboxes {
+		for _, it := range e.Items {
+			listed = listed || (it.Kind == "mount" && it.Name == scratch)
+		}
+	}
+	if !listed {
+		t.Errorf("dry run does not list the mount %s: %+v", scratch, rep.Sandboxes)
+	}
+	code, out, errs := gcRunIn(t, conf, dir, "--apply")
+	t.Logf("gc --apply: exit %d\n%s%s", code, out, errs)
+	if _, err := os.Stat(filepath.Join(scratch, "keep")); err != nil && isMount(strings.ReplaceAll(scratch, " ", `\040`)) {
+		t.Fatalf("gc deleted through the mount at %s: %v", scratch, err)
 	}
 }
