@@ -7,7 +7,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -120,16 +122,18 @@ func (r *Runtime) unmountDisk(id string) error {
 	return errors.Join(unmount(filepath.Join(d, "rootfs")), unmount(filepath.Join(d, "disk")))
 }
 
+// unmount unmounts p, never through a symlink (UMOUNT_NOFOLLOW: a link
+// planted at p must not unmount what it points to).
 func unmount(p string) error {
 	for i := 0; i < 2; i++ {
-		err := unix.Unmount(p, 0)
+		err := unix.Unmount(p, unix.UMOUNT_NOFOLLOW)
 		switch {
 		case err == nil:
 			continue // stacked mounts: unmount until none is left
 		case errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOENT):
 			return nil // not a mount point (any more)
 		case errors.Is(err, unix.EBUSY):
-			if err := unix.Unmount(p, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
+			if err := unix.Unmount(p, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil && !errors.Is(err, unix.EINVAL) {
 				return fmt.Errorf("unmount: %w", err)
 			}
 			return nil
@@ -143,32 +147,51 @@ func unmount(p string) error {
 	return nil
 }
 
-// isMountPoint reports whether p appears as a mount point in mountinfo.
-func isMountPoint(p string) bool {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return false
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) > 4 && f[4] == p {
-			return true
-		}
-	}
-	return false
-}
-
-// mountsUnder lists mount points below dir (for collecting leftovers).
-func mountsUnder(dir string) []string {
+// mountPoints lists the mount points of mountinfo, unescaped (the kernel
+// writes space, tab, newline and backslash as \040, \011, \012, \134).
+func mountPoints() []string {
 	b, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
 		return nil
 	}
 	var out []string
 	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
-			out = append(out, f[4])
+		if f := strings.Fields(line); len(f) > 4 {
+			out = append(out, unescapeMountinfo(f[4]))
+		}
+	}
+	return out
+}
+
+func unescapeMountinfo(s string) string {
+	if !strings.Contains(s, "\\") {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// isMountPoint reports whether p appears as a mount point in mountinfo.
+func isMountPoint(p string) bool {
+	return slices.Contains(mountPoints(), p)
+}
+
+// mountsUnder lists mount points below dir (for collecting leftovers).
+func mountsUnder(dir string) []string {
+	var out []string
+	for _, m := range mountPoints() {
+		if strings.HasPrefix(m, dir+"/") {
+			out = append(out, m)
 		}
 	}
 	return out

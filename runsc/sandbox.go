@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -206,7 +207,15 @@ func (r *Runtime) Destroy(ctx context.Context, id string, o DestroyOpts) error {
 	if !r.Owns(id) {
 		return fmt.Errorf("container id %q not made by this runtime", id)
 	}
+	d := r.dir(id)
+	if fi, err := os.Lstat(d); err == nil && !fi.IsDir() {
+		// Planted or broken: nothing is followed out of the sandboxes dir.
+		return fmt.Errorf("sandbox dir %s is not a directory (a symlink?): not touched", d)
+	}
 	var errs []error
+	if err := r.forgetDeadState(ctx, id); err != nil {
+		errs = append(errs, err)
+	}
 	if _, err := r.run(ctx, "delete", "--force", id); err != nil {
 		var re *runscError
 		if !(errors.As(err, &re) && re.notFound()) {
@@ -226,7 +235,6 @@ func (r *Runtime) Destroy(ctx context.Context, id string, o DestroyOpts) error {
 	}
 	r.AbandonParked(id)
 	r.procs.Delete(id)
-	d := r.dir(id)
 	if err := errors.Join(r.unmountDisk(id), unmount(filepath.Join(d, restoreMnt)), unmountAllUnder(d)); err != nil {
 		errs = append(errs, err)
 		return errors.Join(errs...) // never delete through a live mount
@@ -250,9 +258,51 @@ func (r *Runtime) killSandboxProcess(id string) {
 		return
 	}
 	var pid int
-	if _, err := fmt.Sscanf(strings.TrimSpace(string(b)), "%d", &pid); err == nil && pid > 1 {
+	if _, err := fmt.Sscanf(strings.TrimSpace(string(b)), "%d", &pid); err == nil && pid > 1 && r.isSandboxProcess(pid, id) {
 		syscall.Kill(pid, syscall.SIGKILL)
 	}
+}
+
+// isSandboxProcess reports whether pid is sandbox id's runsc sandbox
+// process (argv[0] runsc-sandbox, booting its bundle), not merely a live
+// pid: runsc's state outlives a reboot (it is on the data dir's disk) and
+// pids wrap, so the pid a dead sandbox had may be another process's now.
+func (r *Runtime) isSandboxProcess(pid int, id string) bool {
+	if !pidAlive(pid) {
+		return false
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		return false
+	}
+	args := strings.Split(string(b), "\x00")
+	return args[0] == "runsc-sandbox" && slices.Contains(args, "--bundle="+r.dir(id))
+}
+
+// forgetDeadState removes runsc's state of a sandbox whose recorded
+// process is not its sandbox any more, so that no runsc command signals
+// the pids it recorded (runsc delete --force kills them, whatever they now
+// are). A live sandbox's state is left to runsc.
+func (r *Runtime) forgetDeadState(ctx context.Context, id string) error {
+	out, err := r.run(ctx, "state", id)
+	if err != nil {
+		return nil // unknown to runsc (or unreadable: delete says)
+	}
+	var st runscState
+	if json.Unmarshal(out, &st) != nil || st.Pid <= 0 || r.isSandboxProcess(st.Pid, id) {
+		return nil
+	}
+	root := filepath.Join(r.cfg.StateDir, "runsc")
+	files, _ := filepath.Glob(filepath.Join(root, id+"_sandbox:*"))
+	files = append(files, filepath.Join(root, "runsc-"+id+".sock"))
+	var errs []error
+	for _, f := range files {
+		if err := os.Remove(f); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	r.log.Warn("runsc's record of a dead sandbox names a pid that is not its process any more; record removed", "id", id, "pid", st.Pid)
+	return errors.Join(errs...)
 }
 
 type runscState struct {
@@ -285,7 +335,7 @@ func (r *Runtime) check(st runscState) State {
 	switch st.Status {
 	case "running", "created", "paused":
 		s.Status = Status(st.Status)
-		if !pidAlive(st.Pid) {
+		if !r.isSandboxProcess(st.Pid, st.ID) {
 			s.Status = StatusStopped
 		}
 	default:

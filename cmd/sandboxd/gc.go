@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -40,14 +41,16 @@ What a session row claims of its container id:
                                             disk included
 A status this build does not know claims everything.
 
-It works with the server stopped or running. The host is listed first, then the
-rows are read (a row is inserted before its sandbox is created, so whatever was
-being created when the host was listed is claimed). While the server runs, a
-sandbox whose files changed in the last 60 s is skipped (it may be starting;
-run gc again later), its row is read again just before anything of it is
-removed, and runsc's null-netns mount is left to the server (it releases it
-when it stops); with the server stopped, gc unmounts it once no runsc container
-is left. A directory that is still a mount point is never deleted.
+The dry run works with the server stopped or running (while it runs, a sandbox
+whose files changed in the last 60 s is marked as skipped: it may be starting).
+--apply needs the server stopped, and holds the data dir's lock while it
+removes, so no server can start meanwhile: a running server changes sandboxes
+under its own session locks, which gc cannot take, and it removes what no
+session claims itself at every start. Stopping it leaves sandboxes running
+(systemctl stop sandboxd; the next start adopts them). The host is listed
+first, then the rows are read. gc unmounts runsc's null-netns once no runsc
+container is left. A directory that is still a mount point is never deleted,
+and nothing is followed through a symlink out of the sandboxes dir.
 
 Exit status 0 when done (nothing found included), 1 if anything failed.`
 
@@ -119,7 +122,6 @@ type gcEntry struct {
 	Skipped  string   `json:"skipped,omitempty"` // why nothing of it is removed (now)
 	Removed  bool     `json:"removed"`
 	Error    string   `json:"error,omitempty"`
-	claim    claim    // what the row claimed when the rows were read
 }
 
 // gcPlan decides what gc removes from what the host holds (ls, listed
@@ -130,7 +132,7 @@ func gcPlan(ls []runsc.Leftover, rows []store.SessionContainer, sandboxes string
 	out := []gcEntry{}
 	for _, l := range ls {
 		c, row := rowClaim(rows, l.ID)
-		e := gcEntry{ID: l.ID, Session: row.ID, Status: row.Status, KeepDisk: c == claimSaved, claim: c}
+		e := gcEntry{ID: l.ID, Session: row.ID, Status: row.Status, KeepDisk: c == claimSaved}
 		switch c {
 		case claimAll:
 			continue
@@ -210,6 +212,15 @@ func (c *cli) gc(ctx context.Context, apply, asJSON bool) error {
 	}
 	defer db.Close()
 	running := serverRunning(cfg.DataDir)
+	if apply {
+		unlock, err := lockDataDir(cfg.DataDir)
+		if err != nil {
+			return errors.New("a server runs on this data dir: gc --apply needs it stopped (it removes unclaimed leftovers itself at each start); " +
+				"stop it (its sandboxes keep running, and its next start adopts them) and run gc --apply again; a dry run works beside it")
+		}
+		defer unlock()
+		running = false
+	}
 	rc := server.RuntimeConfig(cfg, slog.New(slog.NewTextHandler(c.stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	// gc runs in a cgroup of its own, not the server's.
 	rc.CgroupsAnywhere = true
@@ -239,21 +250,6 @@ func (c *cli) gc(ctx context.Context, apply, asJSON bool) error {
 			if ctx.Err() != nil {
 				e.Skipped = "interrupted"
 				continue
-			}
-			if running {
-				// Again, just before: a resume may have begun since.
-				if e.Skipped = recentSkip(rt.LastModified(e.ID), time.Now()); e.Skipped != "" {
-					continue
-				}
-				rows, err := db.ListSessionContainers(ctx)
-				if err != nil {
-					e.Error = err.Error()
-					continue
-				}
-				if cl, row := rowClaim(rows, e.ID); cl > e.claim {
-					e.Skipped = fmt.Sprintf("session %s became %s meanwhile", row.ID, row.Status)
-					continue
-				}
 			}
 			if err := rt.Destroy(ctx, e.ID, runsc.DestroyOpts{KeepDisk: e.KeepDisk}); err != nil {
 				e.Error = err.Error()

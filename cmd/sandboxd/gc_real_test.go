@@ -569,9 +569,13 @@ func TestRealGC(t *testing.T) {
 		t.Fatal(err)
 	}
 	held := hostState(a, b)
-	rep = gcJSON(t, conf, a.dir, "--apply")
+	// --apply refuses beside a running server and changes nothing.
+	if code, out, errs := gcRunIn(t, conf, a.dir, "--apply"); code != 1 || !strings.Contains(errs, "gc --apply needs it stopped") {
+		t.Fatalf("gc --apply beside a running server: %d\n%s\n%s", code, out, errs)
+	}
+	rep = gcJSON(t, conf, a.dir)
 	if !rep.ServerRunning || len(rep.Sandboxes) != 1 || rep.Sandboxes[0].ID != aFresh || rep.Sandboxes[0].Skipped == "" || rep.Sandboxes[0].Removed {
-		t.Fatalf("gc beside a running server: %+v", rep)
+		t.Fatalf("gc dry run beside a running server: %+v", rep)
 	}
 	if code, out, _ := gcRunIn(t, conf, a.dir); code != 0 || !strings.Contains(out, "skipped: changed") || !strings.Contains(out, "server running") {
 		t.Fatalf("dry run beside a running server: %d\n%s", code, out)

@@ -311,6 +311,23 @@ func firstNonEmpty(vals ...string) string {
 
 var mirrorRe = regexp.MustCompile(`^https?://[A-Za-z0-9.\-:/_]+$`)
 
+// resolveSymlinks is p with the symlinks of its longest existing prefix
+// resolved: runsc's gofer refuses mounts whose path it finds changed by a
+// link (a data dir under a linked /var/lib), and mountinfo names the real
+// path. What does not exist yet is kept as given.
+func resolveSymlinks(p string) string {
+	rest := ""
+	for dir := p; ; dir = filepath.Dir(dir) {
+		if real, err := filepath.EvalSymlinks(dir); err == nil {
+			return filepath.Join(real, rest)
+		}
+		if dir == filepath.Dir(dir) {
+			return p
+		}
+		rest = filepath.Join(filepath.Base(dir), rest)
+	}
+}
+
 func (c *Config) validate() error {
 	var errs []error
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
@@ -321,7 +338,7 @@ func (c *Config) validate() error {
 	} else if abs, err := filepath.Abs(c.DataDir); err != nil {
 		errs = append(errs, fmt.Errorf("dataDir: %w", err))
 	} else {
-		c.DataDir = abs
+		c.DataDir = resolveSymlinks(abs)
 	}
 	if c.Image.CacheDir == "" || !filepath.IsAbs(c.Image.CacheDir) {
 		errs = append(errs, errors.New("image.cacheDir: must be an absolute path"))

@@ -180,3 +180,23 @@ func TestResourcePrefix(t *testing.T) {
 		t.Errorf("ResourcePrefix: %q %q", a, b)
 	}
 }
+
+// A data dir reached through a symlink (itself, or a parent) is used by
+// its real path; what does not exist yet keeps its name below the link.
+func TestDataDirSymlinksResolved(t *testing.T) {
+	top := t.TempDir()
+	real := filepath.Join(top, "real")
+	os.MkdirAll(filepath.Join(real, "d"), 0o700)
+	os.Symlink(real, filepath.Join(top, "link"))
+	for given, want := range map[string]string{
+		filepath.Join(top, "link", "d"):        filepath.Join(real, "d"),
+		filepath.Join(top, "link", "new", "x"): filepath.Join(real, "new", "x"),
+		filepath.Join(top, "link"):             real,
+		filepath.Join(top, "plain"):            filepath.Join(top, "plain"),
+	} {
+		c, err := Load(Overrides{DataDir: given})
+		if err != nil || c.DataDir != want {
+			t.Errorf("dataDir %s: %v %v, want %s", given, c, err, want)
+		}
+	}
+}
