@@ -252,6 +252,32 @@ func (r *Runtime) Destroy(ctx context.Context, id string, o DestroyOpts) error {
 	return errors.Join(errs...)
 }
 
+// MoveDir renames the sandbox dir of from (a container id of another
+// prefix: the data dir was moved, and its prefix is a hash of its path) to
+// to, this runtime's id of the same session. Only a real directory with
+// nothing mounted below it moves; a missing one is not an error.
+func (r *Runtime) MoveDir(from, to string) error {
+	if !r.Owns(to) || from == "" || filepath.Base(from) != from || from == "." || from == ".." {
+		return fmt.Errorf("move sandbox dir %q to %q: bad id", from, to)
+	}
+	src, dst := filepath.Join(r.cfg.StateDir, "sandboxes", from), r.dir(to)
+	fi, err := os.Lstat(src)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil
+	case err != nil:
+		return err
+	case !fi.IsDir():
+		return fmt.Errorf("sandbox dir %s is not a directory: not moved", src)
+	case len(mountsUnder(src)) > 0 || isMountPoint(src):
+		return fmt.Errorf("sandbox dir %s has mounts: not moved", src)
+	}
+	if _, err := os.Lstat(dst); err == nil {
+		return fmt.Errorf("sandbox dir %s exists: %s not moved", dst, src)
+	}
+	return os.Rename(src, dst)
+}
+
 func (r *Runtime) killSandboxProcess(id string) {
 	b, err := os.ReadFile(filepath.Join(r.dir(id), "sandbox.pid"))
 	if err != nil {

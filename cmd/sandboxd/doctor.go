@@ -211,6 +211,9 @@ func checkDataDir(dir string) runsc.Finding {
 	if st, err := os.Stat(key); err == nil && os.Getenv("SANDBOXD_SECRETS_KEY") == "" && st.Size() != 32 {
 		return runsc.Finding{Name: name, Status: runsc.CheckProblem, Seen: fmt.Sprintf("%s holds %d bytes, not a 32-byte key: the server cannot open its sealed secrets", key, st.Size()),
 			Fix: "restore " + key + " from a backup (a new key cannot open secrets sealed with the old one; without any, remove it)"}
+	} else if err == nil && st.Mode().Perm()&0o077 != 0 {
+		return runsc.Finding{Name: name, Status: runsc.CheckProblem, Seen: fmt.Sprintf("%s is readable by other users (mode %o): it opens every stored secret", key, st.Mode().Perm()),
+			Fix: "sudo chmod 600 " + key}
 	}
 	return runsc.Finding{Name: name, Status: runsc.CheckOK, Seen: seen}
 }

@@ -57,3 +57,19 @@ func TestReview3DoctorBrokenDataDir(t *testing.T) {
 		})
 	}
 }
+
+// A secrets key others can read is a problem with its fix.
+func TestDoctorSecretsKeyMode(t *testing.T) {
+	bin := doctorBinDir(t)
+	c := baseConf(t, bin)
+	if err := os.MkdirAll(c.DataDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(c.DataDir, "secrets.key"), make([]byte, 32), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d := runDoctor(t, bin, "--config", c.write(t))
+	if d.code != 1 || !strings.Contains(d.text, "readable by other users") || !strings.Contains(d.text, "chmod 600") {
+		t.Fatalf("doctor with a 0644 secrets.key: exit %d\n%s", d.code, d.text)
+	}
+}

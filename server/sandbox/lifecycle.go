@@ -723,6 +723,9 @@ func (m *Manager) NoteDead(pk string) {
 // finished, and leftovers of this server's prefix are collected. What it
 // cannot do for one session is logged and does not stop the others.
 func (m *Manager) Reconcile(ctx context.Context) error {
+	if err := m.followMovedDataDir(ctx); err != nil {
+		return err
+	}
 	sessions, err := m.db.ListLiveSessions(ctx)
 	if err != nil {
 		return err
@@ -744,6 +747,45 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 	m.rt.CleanExecFiles()
 	if ids := m.rt.Collect(ctx, keep); len(ids) > 0 {
 		m.log.Info("collected leftover sandboxes", "count", len(ids))
+	}
+	return nil
+}
+
+// followMovedDataDir gives the sessions of a data dir that was moved
+// (its resource prefix, a hash of its path, changed) the container ids of
+// this one: each sandbox dir is renamed to the new id and the row follows.
+// What ran at the old path is gone with it (runsc's state moved too), so
+// such a session is then found dead and resumes from its disk.
+func (m *Manager) followMovedDataDir(ctx context.Context) error {
+	rows, err := m.db.ListSessionContainers(ctx)
+	if err != nil {
+		return err
+	}
+	moved := 0
+	for _, r := range rows {
+		if r.Status == store.StatusDeleted {
+			continue
+		}
+		ses, err := m.db.GetSessionByID(ctx, r.ID)
+		if err != nil {
+			return err
+		}
+		id := m.rt.ContainerID(ses.OrgID, ses.SessionID)
+		if id == ses.ContainerID {
+			continue
+		}
+		if err := m.rt.MoveDir(ses.ContainerID, id); err != nil {
+			m.log.Error("data dir moved: the session's sandbox dir stays under its old id", "session", ses.SessionID, "err", err)
+			continue
+		}
+		ses.ContainerID = id
+		if err := m.db.UpdateSession(ctx, &ses); err != nil {
+			return err
+		}
+		moved++
+	}
+	if moved > 0 {
+		m.log.Warn("the data dir was moved: its sessions now use this path's sandbox ids", "sessions", moved)
 	}
 	return nil
 }

@@ -50,6 +50,7 @@ type Runtime interface {
 	Destroy(ctx context.Context, id string, o runsc.DestroyOpts) error
 	Inspect(ctx context.Context, id string) (runsc.State, error)
 	Collect(ctx context.Context, keep map[string]bool) []string
+	MoveDir(from, to string) error
 	CleanExecFiles()
 	OpenWorkspace(id string, readOnly bool) (dir *os.File, release func() error, err error)
 	ListenProxy(id string) (net.Listener, error)
@@ -70,6 +71,7 @@ type Store interface {
 	GetSessionByID(ctx context.Context, pk string) (store.Session, error)
 	ListSessions(ctx context.Context, orgID, status string) ([]store.Session, error)
 	ListLiveSessions(ctx context.Context) ([]store.Session, error)
+	ListSessionContainers(ctx context.Context) ([]store.SessionContainer, error)
 	UpdateSession(ctx context.Context, s *store.Session) error
 	DeleteSessionRow(ctx context.Context, pk string) error
 	SetSecrets(ctx context.Context, pk string, secrets map[string]string) error

@@ -109,6 +109,9 @@ func (f *Runtime) Exec(ctx context.Context, id string, req runsc.ExecRequest) (r
 
 func (f *Runtime) Collect(ctx context.Context, keep map[string]bool) []string { return nil }
 
+// MoveDir: the fake keeps no sandbox dirs.
+func (f *Runtime) MoveDir(from, to string) error { return nil }
+
 // OpenWorkspace opens the fake sandbox's workspace, a plain directory.
 func (f *Runtime) OpenWorkspace(id string, readOnly bool) (*os.File, func() error, error) {
 	d, err := os.Open(filepath.Join(f.WorkspaceRoot, id))
