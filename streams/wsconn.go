@@ -3,6 +3,7 @@ package streams
 import (
 	"encoding/json"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gorilla/websocket"
@@ -37,10 +38,11 @@ const (
 // and one reader, and returns when Done is closed; Run closes the socket
 // when it ends.
 type WSConn struct {
-	c    *websocket.Conn
-	out  chan wsMsg
-	done chan struct{}
-	once sync.Once
+	c       *websocket.Conn
+	out     chan wsMsg
+	done    chan struct{}
+	once    sync.Once
+	closing atomic.Bool // a close frame is queued: Run writes what is before it, even after Close
 }
 
 type wsMsg struct {
@@ -92,7 +94,9 @@ func (w *WSConn) SendJSON(v any) bool {
 // CloseWith queues a close frame with code and reason after what is queued;
 // the connection ends once it is written.
 func (w *WSConn) CloseWith(code int, reason string) {
-	w.send(websocket.CloseMessage, websocket.FormatCloseMessage(code, reason))
+	if w.send(websocket.CloseMessage, websocket.FormatCloseMessage(code, reason)) {
+		w.closing.Store(true)
+	}
 }
 
 // Read returns the next message (binary is false for text), renewing the
@@ -105,6 +109,28 @@ func (w *WSConn) Read() (binary bool, data []byte, err error) {
 	}
 	w.c.SetReadDeadline(time.Now().Add(WSPongWait))
 	return typ == websocket.BinaryMessage, data, nil
+}
+
+// drain writes what was queued up to and including a close frame, within
+// a second in all (the owner's Close must not drop an exit event queued
+// before its CloseWith, nor wait long for a peer that is gone). It reports
+// whether the close frame was written.
+func (w *WSConn) drain() bool {
+	deadline := time.Now().Add(time.Second)
+	for {
+		select {
+		case m := <-w.out:
+			w.c.SetWriteDeadline(deadline)
+			if w.c.WriteMessage(m.typ, m.data) != nil {
+				return true // the peer is gone: nothing more to say
+			}
+			if m.typ == websocket.CloseMessage {
+				return true
+			}
+		default:
+			return false
+		}
+	}
 }
 
 // Run is the only goroutine writing to the socket: queued messages and
@@ -131,6 +157,9 @@ func (w *WSConn) Run() {
 				return
 			}
 		case <-w.done:
+			if w.closing.Load() && w.drain() {
+				return
+			}
 			w.c.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""), time.Now().Add(time.Second))
 			return
 		}

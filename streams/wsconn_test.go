@@ -59,6 +59,27 @@ func TestWSConnOrderAndClose(t *testing.T) {
 	}
 }
 
+// An owner that closes right after its CloseWith (as a handler returning
+// does) loses nothing queued before the close frame: a terminal's exit
+// event once went missing that way.
+func TestWSConnCloseAfterCloseWith(t *testing.T) {
+	for i := 0; i < 50; i++ {
+		c := wsPair(t, func(w *WSConn) {
+			w.SendJSON(map[string]string{"type": "exit"})
+			w.CloseWith(CloseNormal, "exit")
+			w.Close()
+		})
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		_, b, err := c.ReadMessage()
+		if err != nil || string(b) != `{"type":"exit"}` {
+			t.Fatalf("round %d: %q %v", i, b, err)
+		}
+		if _, _, err := c.ReadMessage(); !websocket.IsCloseError(err, CloseNormal) || !strings.Contains(err.Error(), "exit") {
+			t.Fatalf("round %d: close: %v", i, err)
+		}
+	}
+}
+
 func TestWSConnReadAndPeerGone(t *testing.T) {
 	read := make(chan string, 4)
 	ended := make(chan bool, 1)
