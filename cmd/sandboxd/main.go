@@ -134,6 +134,14 @@ func (c *cli) config() (*config.Config, error) {
 	return config.Load(o)
 }
 
+// rootConfig is the configuration of a command that needs root.
+func (c *cli) rootConfig() (*config.Config, error) {
+	if err := requireRoot(); err != nil {
+		return nil, err
+	}
+	return c.config()
+}
+
 // configFile is the config file the commands read ("": the defaults).
 func (c *cli) configFile() string {
 	if c.o.ConfigFile != "" {
@@ -177,10 +185,7 @@ func (c *cli) serveCmd() *cobra.Command {
 		Short: "Start the server (builds a missing image first)",
 		Args:  exactArgs(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := requireRoot(); err != nil {
-				return err
-			}
-			cfg, err := c.config()
+			cfg, err := c.rootConfig()
 			if err != nil {
 				return err
 			}
@@ -201,10 +206,7 @@ func (c *cli) imageCmd() *cobra.Command {
 		Short: "Build the default image if it is missing",
 		Args:  exactArgs(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := requireRoot(); err != nil {
-				return err
-			}
-			cfg, err := c.config()
+			cfg, err := c.rootConfig()
 			if err != nil {
 				return err
 			}
