@@ -297,14 +297,19 @@ func memberErr(err error) error {
 
 func (s *Server) listAudit(c *gin.Context) {
 	p := principal(c)
-	f := store.AuditFilter{OrgID: p.Org.ID, SessionID: c.Query("sessionId"), Action: c.Query("action")}
-	if v := c.Query("since"); v != "" {
-		t, err := time.Parse(time.RFC3339, v)
-		if err != nil {
-			s.writeError(c, badRequest("since: must be an RFC 3339 time"))
-			return
+	f := store.AuditFilter{OrgID: p.Org.ID, SessionID: c.Query("sessionId"), Action: c.Query("action"), UserID: c.Query("userId")}
+	for _, b := range []struct {
+		name string
+		t    *time.Time
+	}{{"since", &f.Since}, {"until", &f.Until}} {
+		if v := c.Query(b.name); v != "" {
+			t, err := time.Parse(time.RFC3339, v)
+			if err != nil {
+				s.writeError(c, badRequest("%s: must be an RFC 3339 time", b.name))
+				return
+			}
+			*b.t = t
 		}
-		f.Since = t
 	}
 	if v := c.Query("limit"); v != "" {
 		n, err := strconv.Atoi(v)

@@ -64,9 +64,10 @@ func (db *DB) writeAudit(ctx context.Context, recs []AuditRecord) error {
 // AuditFilter selects audit records. Empty fields do not filter; Limit
 // defaults to 100 and is capped at 1000.
 type AuditFilter struct {
-	OrgID, SessionID, Action string
-	Since                    time.Time // records at or after Since
-	Limit                    int
+	OrgID, SessionID, Action, UserID string
+	Since                            time.Time // records at or after Since
+	Until                            time.Time // records before Until
+	Limit                            int
 }
 
 // ListAudit returns matching audit records, newest first.
@@ -91,9 +92,17 @@ func (db *DB) ListAudit(ctx context.Context, f AuditFilter) ([]AuditRecord, erro
 		q += ` AND action = ?`
 		args = append(args, f.Action)
 	}
+	if f.UserID != "" {
+		q += ` AND user_id = ?`
+		args = append(args, f.UserID)
+	}
 	if !f.Since.IsZero() {
 		q += ` AND time >= ?`
 		args = append(args, ts(f.Since))
+	}
+	if !f.Until.IsZero() {
+		q += ` AND time < ?`
+		args = append(args, ts(f.Until))
 	}
 	q += ` ORDER BY time DESC, id DESC LIMIT ?`
 	args = append(args, limit)

@@ -185,3 +185,13 @@ const startTimeout = 10 * time.Second
 func StartContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), startTimeout)
 }
+
+// ResourceUse reads a running session's current resource use (cgroups and
+// disk). It takes no session lock: a read that races a stop answers
+// conflict or missing figures, never stale ones of another sandbox.
+func (m *Manager) ResourceUse(ses store.Session) (runsc.Usage, error) {
+	if ses.Status != store.StatusRunning || ses.ContainerID == "" {
+		return runsc.Usage{}, errdefs.Conflict("session is %s; only a running sandbox has resource use", ses.Status)
+	}
+	return m.rt.Usage(ses.ContainerID)
+}

@@ -62,6 +62,7 @@ type Runtime interface {
 	AbandonParked(id string)
 	Wake(id string) error
 	Thaw(ctx context.Context, id string) error
+	Usage(id string) (runsc.Usage, error)
 }
 
 // Store is what the Manager needs from the database (store.DB).

@@ -174,6 +174,12 @@ func (f *Runtime) CallsWith(prefix string) []string {
 	return out
 }
 
+// Usage reports fixed figures for a sandbox the fake runs.
+func (f *Runtime) Usage(id string) (runsc.Usage, error) {
+	f.Record("usage " + id)
+	return runsc.Usage{MemoryBytes: 11 << 20, MemoryLimit: 1 << 30, CPU: time.Second, Pids: 9, PidsLimit: 512, DiskUsed: 1 << 20, DiskTotal: 8 << 30}, nil
+}
+
 // CheckpointDir is where the fake writes a checkpoint image.
 func (f *Runtime) CheckpointDir(id string) string {
 	return filepath.Join(f.WorkspaceRoot, id+".checkpoint")
