@@ -9,17 +9,27 @@ BIN     := $(CURDIR)/bin
 GOFLAGS := -trimpath
 export CGO_ENABLED := 0
 
-.PHONY: all build root-check host-packages image run test test-unit bench install install-files fmt
+.PHONY: all build web root-check host-packages image run test test-unit bench install install-files fmt
 
 all: build
 
-build:
+build: web
 	@mkdir -p $(BIN)
 	$(GO) build $(GOFLAGS) -o $(BIN)/sandboxd ./cmd/sandboxd
 	$(GO) build $(GOFLAGS) -o $(BIN)/sandboxd-agent ./cmd/sandboxd-agent
 	$(GO) build $(GOFLAGS) -o $(BIN)/sbx ./cmd/sbx
 	@# runsc from the gVisor version pinned in go.mod; static (CGO_ENABLED=0) or it cannot start.
 	$(GO) build $(GOFLAGS) -o $(BIN)/runsc gvisor.dev/gvisor/runsc
+
+# The web console (web/): npm packages from the lockfile, bundled by esbuild
+# into web/dist, which go:embed puts in the binary. dist is committed too and
+# the build is reproducible: web's TestDistInSync rebuilds it and compares.
+web: web/node_modules/.package-lock.json
+	cd web && node build.mjs
+
+web/node_modules/.package-lock.json: web/package.json web/package-lock.json
+	@command -v npm >/dev/null 2>&1 || { echo "npm is missing: 'sudo make host-packages' installs it (configs/host/packages.txt)" >&2; exit 1; }
+	cd web && npm ci --no-audit --no-fund --loglevel=error
 
 root-check:
 	@if [ "$$(id -u)" != 0 ]; then echo "sandboxd needs root (network namespaces, mounts, cgroups): run 'sudo make $(MAKECMDGOALS)'" >&2; exit 1; fi
@@ -52,7 +62,7 @@ test: root-check host-packages build image
 	SANDBOXD_BIN=$(BIN) CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 40m ./...
 
 # Tests that need neither root nor gVisor (the real ones skip in -short).
-test-unit:
+test-unit: web
 	$(GO) vet ./...
 	CGO_ENABLED=1 $(GO) test -race -count=1 -short ./...
 

@@ -17,6 +17,7 @@ import (
 
 	"sandboxd/server/errdefs"
 	"sandboxd/store"
+	"sandboxd/web"
 )
 
 const (
@@ -69,6 +70,14 @@ func (s *Server) routes() *gin.Engine {
 	e.GET("/healthz", func(c *gin.Context) { c.JSON(http.StatusOK, gin.H{"status": "ok"}) })
 	e.GET("/metrics", s.met.handler())
 	e.GET("/v1/openapi.json", s.openapi)
+	// The web console (web/): static files on the API's origin, never on
+	// a portal origin (Handler sends those to the portal first).
+	e.GET("/", func(c *gin.Context) { s.console.ServeIndex(c.Writer, c.Request) })
+	e.GET(web.AssetsPrefix+"*file", func(c *gin.Context) {
+		if !s.console.ServeAsset(c.Writer, c.Request, strings.TrimPrefix(c.Param("file"), "/")) {
+			s.writeError(c, errdefs.NotFound("no such file"))
+		}
+	})
 
 	v1 := e.Group("/v1", s.bodyLimit, s.authenticate)
 	op := func(method, path, action, perm string, h gin.HandlerFunc) {
@@ -88,6 +97,7 @@ func (s *Server) routes() *gin.Engine {
 	op("POST", "/sandbox/:sessionId/tickets", "sandbox.ticket", PermProjectUpdate, s.createTicket)
 	op("GET", "/sandbox/:sessionId/terminals", "sandbox.terminals", PermProjectRead, s.listTerminals)
 	op("GET", "/sandbox/:sessionId/logs", "sandbox.logs", PermProjectRead, s.getLogs)
+	op("GET", "/sandbox/:sessionId/stats", "sandbox.stats", PermProjectRead, s.getStats)
 	op("GET", "/sandbox/:sessionId/logs/ws", "sandbox.logs_ws", PermProjectRead, s.logsWS)
 	op("DELETE", "/sandbox/:sessionId/terminals/:terminalId", "sandbox.terminal_kill", PermProjectUpdate, s.killTerminal)
 	op("GET", "/sandbox/:sessionId/files", "sandbox.files_get", PermProjectRead, s.getFiles)
@@ -122,6 +132,7 @@ func (s *Server) routes() *gin.Engine {
 	op("DELETE", "/orgs/:orgId/members/:userId", "member.remove", PermOrgManage, s.removeMember)
 	op("GET", "/audit", "audit.list", PermAuditRead, s.listAudit)
 	op("GET", "/usage", "usage.get", PermProjectRead, s.getUsage)
+	op("GET", "/sizes", "sizes.list", PermProjectRead, s.listSizes)
 	op("PUT", "/orgs/:orgId/plan", "org.plan_set", PermOperate, s.setPlan)
 	op("POST", "/orgs/:orgId/credits", "org.credits_grant", PermOperate, s.grantCredits)
 	return e
@@ -235,10 +246,21 @@ func (s *Server) require(perm string) gin.HandlerFunc {
 
 // audited writes one audit record per request once the handler is done:
 // identity, action, session, outcome and status.
+// statusReads are the reads that consoles and dashboards poll: answered
+// ones are not recorded (they would bury the log); denied and failed ones
+// are.
+var statusReads = map[string]bool{
+	"sandbox.list": true, "sandbox.get": true, "sandbox.stats": true, "sandbox.terminals": true,
+	"me.get": true, "sizes.list": true, "usage.get": true,
+}
+
 func (s *Server) audited(action string) gin.HandlerFunc {
 	return func(c *gin.Context) {
 		c.Next()
 		status := c.Writer.Status()
+		if statusReads[action] && status < 400 {
+			return
+		}
 		outcome := "ok"
 		switch {
 		case status == http.StatusUnauthorized || status == http.StatusForbidden:

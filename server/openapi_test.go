@@ -104,7 +104,7 @@ func TestOpenAPIOperations(t *testing.T) {
 	if len(doc.Security) != 1 || doc.Security[0]["bearerAuth"] == nil {
 		t.Errorf("global security = %v, want bearerAuth", doc.Security)
 	}
-	public := map[string]bool{"/healthz": true, "/v1/openapi.json": true, "/metrics": true}
+	public := map[string]bool{"/healthz": true, "/v1/openapi.json": true, "/metrics": true, "/": true, "/assets/{file}": true}
 	for path, ops := range doc.Paths {
 		for method, op := range ops {
 			name := strings.ToUpper(method) + " " + path
@@ -112,7 +112,7 @@ func TestOpenAPIOperations(t *testing.T) {
 				t.Errorf("%s: no summary", name)
 			}
 			if public[path] != (op.Security != nil && len(*op.Security) == 0) {
-				t.Errorf("%s: security override %v; only /healthz, /metrics and /v1/openapi.json are public", name, op.Security)
+				t.Errorf("%s: security override %v; only /healthz, /metrics, /v1/openapi.json and the console are public", name, op.Security)
 			}
 			success := 0
 			for code, resp := range op.Responses {
@@ -188,6 +188,8 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 		"Token":            tokenJSON{},
 		"FileEntry":        workspace.Entry{},
 		"Artifact":         workspace.Artifact{},
+		"Stats":            statsJSON{},
+		"Size":             sizeJSON{},
 	} {
 		s, ok := doc.Comps.Schemas[name]
 		if !ok {

@@ -45,6 +45,7 @@ import (
 	"sandboxd/store"
 	"sandboxd/store/objects"
 	"sandboxd/streams/scrub"
+	"sandboxd/web"
 )
 
 // Runtime is the gVisor driver as the server wires it: the Manager's part
@@ -75,6 +76,7 @@ type Server struct {
 	terms    *procs.Terminals
 	contexts procs.Contexts // code contexts (Python, Node.js)
 	tix      *tickets
+	console  *web.Console // the browser console (web/)
 	logs     *sessionlog.Logs
 	files    *workspace.Files
 	egress   *egress.Proxy
@@ -242,6 +244,7 @@ func newServer(cfg *config.Config, db *store.DB, rt Runtime, img string, log *sl
 	s.stdLogClock = time.Now
 	s.wsGuard.Store(int64(guardEvery))
 	s.tix = newTickets()
+	s.console = web.New()
 	s.files = workspace.New(runsc.UserUID, runsc.UserGID)
 	s.terms = procs.NewTerminals(time.Duration(cfg.Limits.TerminalIdleSeconds)*time.Second, s.log.With("component", "terminals"))
 	// The session log scrubs with the sessions' scrubbers, which the

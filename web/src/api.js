@@ -1,0 +1,159 @@
+// The console's only way to the server: the public API, with the token
+// kept in this tab's sessionStorage (never in a URL, never in a cookie,
+// never on a sandbox's origin).
+
+const KEY = 'sandboxd.token';
+
+export const token = {
+  get: () => sessionStorage.getItem(KEY) || '',
+  set: (t) => sessionStorage.setItem(KEY, t),
+  clear: () => sessionStorage.removeItem(KEY),
+};
+
+// ApiError carries the contract's error body: code, message, requestId.
+export class ApiError extends Error {
+  constructor(status, code, message, requestId) {
+    super(message);
+    this.status = status;
+    this.code = code;
+    this.requestId = requestId;
+  }
+}
+
+let onUnauthenticated = () => {};
+export function setUnauthenticatedHandler(f) { onUnauthenticated = f; }
+
+async function errorOf(res) {
+  let code = 'http_' + res.status, message = res.statusText || 'request failed', rid = res.headers.get('X-Request-Id') || '';
+  try {
+    const b = await res.json();
+    if (b && b.error) {
+      code = b.error.code || code;
+      message = b.error.message || message;
+      rid = b.error.requestId || rid;
+    }
+  } catch (_) { /* not JSON */ }
+  return new ApiError(res.status, code, message, rid);
+}
+
+// api calls path with the token; JSON in and out. A 401 signs the tab out.
+export async function api(method, path, body, opts = {}) {
+  const headers = { Authorization: 'Bearer ' + (opts.token || token.get()) };
+  let payload;
+  if (body !== undefined && !(body instanceof Blob) && !(body instanceof ArrayBuffer)) {
+    headers['Content-Type'] = 'application/json';
+    payload = JSON.stringify(body);
+  } else {
+    payload = body;
+  }
+  let res;
+  try {
+    res = await fetch(path, { method, headers, body: payload, cache: 'no-store', credentials: 'omit', signal: opts.signal });
+  } catch (e) {
+    if (e.name === 'AbortError') throw e;
+    throw new ApiError(0, 'network', 'The server did not answer (' + e.message + '). Is sandboxd running?', '');
+  }
+  if (!res.ok) {
+    const err = await errorOf(res);
+    if (res.status === 401 && !opts.token) onUnauthenticated(err);
+    throw err;
+  }
+  if (opts.raw) return res;
+  if (res.status === 204) return null;
+  const ct = res.headers.get('Content-Type') || '';
+  if (ct.includes('json')) return res.json();
+  return res.text();
+}
+
+export const get = (p, o) => api('GET', p, undefined, o);
+export const post = (p, b, o) => api('POST', p, b, o);
+export const del = (p, o) => api('DELETE', p, undefined, o);
+
+export const enc = encodeURIComponent;
+
+// wsURL is the WebSocket URL of an API path on this origin.
+export function wsURL(path) {
+  return (location.protocol === 'https:' ? 'wss://' : 'ws://') + location.host + path;
+}
+
+// openWS opens an API WebSocket authenticated by the bearer token in the
+// subprotocol list (the server answers "sandboxd" and never echoes it).
+export function openWS(path) {
+  const ws = new WebSocket(wsURL(path), ['sandboxd', 'bearer.' + token.get()]);
+  ws.binaryType = 'arraybuffer';
+  return ws;
+}
+
+// upload PUTs a file with progress (fetch has no upload progress).
+export function upload(path, file, onProgress) {
+  return new Promise((resolve, reject) => {
+    const x = new XMLHttpRequest();
+    x.open('PUT', path);
+    x.setRequestHeader('Authorization', 'Bearer ' + token.get());
+    x.upload.onprogress = (e) => { if (e.lengthComputable) onProgress(e.loaded / e.total); };
+    x.onload = () => {
+      if (x.status >= 200 && x.status < 300) { onProgress(1); resolve(); return; }
+      let code = 'http_' + x.status, message = x.statusText, rid = x.getResponseHeader('X-Request-Id') || '';
+      try { const b = JSON.parse(x.responseText); code = b.error.code; message = b.error.message; rid = b.error.requestId || rid; } catch (_) { }
+      const err = new ApiError(x.status, code, message, rid);
+      if (x.status === 401) onUnauthenticated(err);
+      reject(err);
+    };
+    x.onerror = () => reject(new ApiError(0, 'network', 'The upload was cut off.', ''));
+    x.send(file);
+  });
+}
+
+// download fetches a file with the token and saves it through a blob URL.
+export async function download(path, name) {
+  const res = await api('GET', path, undefined, { raw: true });
+  const blob = await res.blob();
+  const url = URL.createObjectURL(blob);
+  const a = document.createElement('a');
+  a.href = url;
+  a.download = name;
+  document.body.appendChild(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 60000);
+}
+
+// openPortal sends the browser to a session's portal (editor, notebook,
+// display, browser) with a single-use ticket: the portal lives on its own
+// origin and turns the ticket into a cookie there, so the token never
+// reaches sandbox content.
+export async function openPortal(sessionId, url) {
+  const w = window.open('about:blank', '_blank');
+  try {
+    const t = await post('/v1/sandbox/' + enc(sessionId) + '/tickets');
+    const u = new URL(url);
+    u.searchParams.set('ticket', t.ticket);
+    if (w) { w.opener = null; w.location = u.toString(); } else location.assign(u.toString());
+  } catch (e) {
+    if (w) w.close();
+    throw e;
+  }
+}
+
+// Formatting.
+export function bytes(n) {
+  if (n == null) return '–';
+  const u = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+  let i = 0;
+  while (n >= 1024 && i < u.length - 1) { n /= 1024; i++; }
+  return (i === 0 ? n : n.toFixed(n < 10 ? 1 : 0)) + ' ' + u[i];
+}
+
+export function ago(t, now = Date.now()) {
+  if (!t) return '–';
+  const s = Math.max(0, Math.round((now - Date.parse(t)) / 1000));
+  if (s < 60) return s + 's';
+  if (s < 3600) return Math.floor(s / 60) + 'm';
+  if (s < 86400) return Math.floor(s / 3600) + 'h ' + Math.floor((s % 3600) / 60) + 'm';
+  return Math.floor(s / 86400) + 'd';
+}
+
+export function credits(n) {
+  if (n == null) return '–';
+  return n.toFixed(n < 10 ? 3 : 1).replace(/\.?0+$/, '') || '0';
+}
