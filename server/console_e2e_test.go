@@ -205,7 +205,9 @@ func TestRealConsole(t *testing.T) {
 		t.Fatalf("wrong token message: %q", txt)
 	}
 
-	c.signIn(h.token)
+	// Signing in works from the keyboard alone: the field has focus, Enter submits.
+	c.do(20*time.Second, "keyboard sign-in", chromedp.Navigate(origin+"/"), chromedp.WaitVisible(chromedp.ID("token")),
+		insertText(h.token), chromedp.KeyEvent("\r"), chromedp.WaitVisible(chromedp.ID("who-name")))
 	if who := c.text(".who"); !strings.Contains(who, "owner") || !strings.Contains(who, "default") {
 		t.Fatalf("who am I: %q", who)
 	}
@@ -290,6 +292,15 @@ func TestRealConsole(t *testing.T) {
 		}
 		c.do(10*time.Second, "first tab", chromedp.Click(chromedp.CSS(`.term-tabbtn:first-child button[role=tab]`)))
 		c.waitLine(20*time.Second, `^cols2=\d+$`) // replayed (after its clear)
+		// A dropped connection reconnects by itself, replays, and goes on.
+		c.typeLine("echo before-drop")
+		c.waitLine(20*time.Second, `^before-drop$`)
+		c.eval(`document.querySelector('.term-tab:not([hidden]) .term').__drop(), 'ok'`)
+		c.waitFor(10*time.Second, "reconnecting", `document.querySelector('.term-tab:not([hidden]) .term-state').className.includes('ts-reconnecting')`)
+		c.do(20*time.Second, "reconnected", chromedp.WaitVisible(chromedp.CSS(`.term-tab:not([hidden]) .term-state.ts-connected`)))
+		c.waitLine(20*time.Second, `^before-drop$`)
+		c.typeLine("echo after-drop")
+		c.waitLine(20*time.Second, `^after-drop$`)
 	})
 
 	t.Run("files", func(t *testing.T) {
@@ -438,6 +449,33 @@ func TestRealConsole(t *testing.T) {
 		}
 		c.shot("phone-log")
 		c.do(10*time.Second, "desktop", chromedp.EmulateViewport(1280, 800))
+	})
+
+	t.Run("lifecycle", func(t *testing.T) {
+		c.t = t
+		confirm := func(action, status string) {
+			c.do(90*time.Second, action, chromedp.Navigate(origin+"/#/s/web-1"), chromedp.WaitVisible(chromedp.CSS(`button[data-action="`+action+`"]`)),
+				chromedp.Click(chromedp.CSS(`button[data-action="`+action+`"]`)), chromedp.WaitVisible(chromedp.CSS(`dialog[open] button.primary`)),
+				chromedp.Click(chromedp.CSS(`dialog[open] button.primary`)), chromedp.WaitNotPresent(chromedp.CSS(`dialog[open]`)),
+				chromedp.WaitVisible(chromedp.CSS(`h1 .status.st-`+status)))
+		}
+		confirm("teardown", "stopped")
+		c.waitFor(20*time.Second, "saved size", `/Saved workspace\n[0-9.]+ (B|KiB|MiB|GiB)/.test(document.querySelector('.gauges').innerText)`)
+		c.shot("stopped")
+		confirm("resume", "running")
+		confirm("pause", "paused")
+		confirm("resume", "running")
+		c.do(30*time.Second, "terminal after resume", chromedp.Click(chromedp.ID("tab-terminal")),
+			chromedp.WaitVisible(chromedp.CSS(`.term-tab:not([hidden]) .term-state.ts-connected`)))
+		c.typeLine("cat /workspace/dropped.txt")
+		c.waitLine(20*time.Second, `^dropped$`)
+		// Deleting a file from the browser.
+		c.do(20*time.Second, "delete a file", chromedp.Click(chromedp.ID("tab-files")), chromedp.WaitVisible(chromedp.CSS(`tr[data-file="dropped.txt"]`)),
+			chromedp.Click(chromedp.CSS(`button[aria-label="Delete dropped.txt"]`)), chromedp.WaitVisible(chromedp.CSS(`dialog[open] button.danger`)),
+			chromedp.Click(chromedp.CSS(`dialog[open] button.danger`)), chromedp.WaitNotPresent(chromedp.CSS(`tr[data-file="dropped.txt"]`)))
+		if r := h.sh("web-1", "test -e /workspace/dropped.txt; echo $?"); strings.TrimSpace(r.Stdout) != "1" {
+			t.Fatalf("dropped.txt still there: %+v", r)
+		}
 	})
 
 	t.Run("roles", func(t *testing.T) {

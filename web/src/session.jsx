@@ -35,7 +35,7 @@ export function SessionPage({ me, id, tab }) {
         <div>
           <p class="crumbs"><a href="#/sessions">Sessions</a> /</p>
           <h1>{s.sessionId} <Status s={s.status} /></h1>
-          <p class="sub">{s.size} · {s.resources.vcpus} vCPU · {s.resources.memoryMiB / 1024} GiB · {s.resources.diskMiB / 1024} GiB disk · started {ago(s.startedAt || s.createdAt)} ago{s.statusReason ? ' · ' + s.statusReason : ''}{s.gitRepo ? ' · ' + s.gitRepo + (s.gitBranch ? '@' + s.gitBranch : '') : ''}</p>
+          <p class="sub">{s.size} · {s.resources.vcpus} vCPU · {s.resources.memoryMiB / 1024} GiB · {s.resources.diskMiB / 1024} GiB disk · {s.stoppedAt && s.status !== 'running' ? 'stopped ' + ago(s.stoppedAt) : 'started ' + ago(s.startedAt || s.createdAt)} ago{s.statusReason ? ' · ' + s.statusReason : ''}{s.gitRepo ? ' · ' + s.gitRepo + (s.gitBranch ? '@' + s.gitBranch : '') : ''}</p>
         </div>
         {canUpdate && <Actions s={s} onChange={load} onDeleted={() => { location.hash = '#/sessions'; }} />}
       </div>

@@ -6,7 +6,7 @@ import { Terminal } from '@xterm/xterm';
 import { FitAddon } from '@xterm/addon-fit';
 import { WebLinksAddon } from '@xterm/addon-web-links';
 import '@xterm/xterm/css/xterm.css';
-import { enc, openWS } from './api.js';
+import { enc, get, openWS } from './api.js';
 
 const THEME = { background: '#0d1117', foreground: '#e6edf3', cursor: '#e6edf3', selectionBackground: '#264f78' };
 
@@ -38,11 +38,13 @@ export function Term({ sid, tid, active, onReady, onGone }) {
       setState(retry ? 'reconnecting' : 'connecting');
       ws = openWS('/v1/sandbox/terminal/' + enc(sid) + '/ws?' + q);
       const mine = ws;
+      let ready = false;
       ws.onmessage = (m) => {
         if (typeof m.data !== 'string') { term.write(new Uint8Array(m.data)); return; }
         let ev;
         try { ev = JSON.parse(m.data); } catch (_) { return; }
         if (ev.type === 'ready') {
+          ready = true;
           cur = ev.terminalId;
           retry = 0;
           setState('connected');
@@ -59,11 +61,29 @@ export function Term({ sid, tid, active, onReady, onGone }) {
           done = true;
           setState('error');
           setNote(ev.message || ev.code);
-          onGone && ev.code === 'not_found' && onGone(cur);
+
         }
       };
-      ws.onclose = (e) => {
+      ws.onclose = async (e) => {
         if (mine !== ws || stopped || done) return;
+        if (!ready && cur) {
+          // Refused before the upgrade: is the shell still there? A
+          // sandbox that restarted (teardown and resume, pause that
+          // failed, a server restart) has none of its old terminals.
+          try {
+            const r = await get('/v1/sandbox/' + enc(sid) + '/terminals');
+            if (stopped) return;
+            if (!r.terminals.some((x) => x.terminalId === cur)) {
+              cur = '';
+              retry = 0;
+              term.reset();
+              term.write('\x1b[2m[the previous shell is gone: the sandbox restarted since it was opened; this is a new one]\x1b[0m\r\n');
+              onGone && onGone();
+              connect();
+              return;
+            }
+          } catch (_) { /* offline or not running: retry below */ }
+        }
         if (e.code === 1008 || e.code === 4401 || e.code === 4403) { // refused: no use retrying
           setState('error');
           setNote(e.reason || 'The server closed the terminal.');
@@ -72,7 +92,7 @@ export function Term({ sid, tid, active, onReady, onGone }) {
         const wait = Math.min(500 * 2 ** retry, 8000);
         retry++;
         setState('reconnecting');
-        setNote('Connection lost; reconnecting in ' + Math.round(wait / 1000) + ' s…');
+        setNote((ready || cur ? 'Connection lost' : 'Could not open a terminal (is the sandbox running? at most a few terminals per session)') + '; retrying in ' + Math.round(wait / 1000) + ' s…');
         timer = setTimeout(() => { if (!stopped) { term.reset(); connect(); } }, wait);
       };
     };
@@ -82,7 +102,10 @@ export function Term({ sid, tid, active, onReady, onGone }) {
     const d3 = term.onResize(({ cols, rows }) => send(JSON.stringify({ type: 'resize', cols, rows })));
     const ro = new ResizeObserver(refit);
     ro.observe(el.current);
-    el.current.__term = term; // for tests and the page's focus handling
+    // For tests: the xterm.js instance, and a way to cut the socket as a
+    // network drop would.
+    el.current.__term = term;
+    el.current.__drop = () => ws && ws.close(4000, 'dropped');
     return () => {
       stopped = true;
       clearTimeout(timer);
