@@ -244,8 +244,6 @@ func (s *Server) require(perm string) gin.HandlerFunc {
 	}
 }
 
-// audited writes one audit record per request once the handler is done:
-// identity, action, session, outcome and status.
 // statusReads are the reads that consoles and dashboards poll: answered
 // ones are not recorded (they would bury the log); denied and failed ones
 // are.
@@ -253,6 +251,9 @@ var statusReads = map[string]bool{
 	"sandbox.list": true, "sandbox.get": true, "sandbox.stats": true, "sandbox.terminals": true,
 	"me.get": true, "sizes.list": true, "usage.get": true,
 }
+
+// audited writes one audit record per request once the handler is done:
+// identity, action, session, outcome and status.
 
 func (s *Server) audited(action string) gin.HandlerFunc {
 	return func(c *gin.Context) {

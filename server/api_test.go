@@ -498,8 +498,8 @@ func TestAPIAudit(t *testing.T) {
 
 func TestAPITrustedProxy(t *testing.T) {
 	e := newAPIEnv(t, func(c *config.Config) { c.TrustedProxies = []string{"203.0.113.7"} })
-	rec := e.do("GET", "/v1/sandbox", e.token, nil, withRemote("203.0.113.7:41000"), withHeader("X-Forwarded-For", "198.51.100.99"))
-	untrusted := e.do("GET", "/v1/sandbox", e.token, nil, withRemote("203.0.113.8:41000"), withHeader("X-Forwarded-For", "198.51.100.99"))
+	rec := e.do("GET", "/v1/tokens", e.token, nil, withRemote("203.0.113.7:41000"), withHeader("X-Forwarded-For", "198.51.100.99"))
+	untrusted := e.do("GET", "/v1/tokens", e.token, nil, withRemote("203.0.113.8:41000"), withHeader("X-Forwarded-For", "198.51.100.99"))
 	if err := e.db.FlushAudit(context.Background()); err != nil {
 		t.Fatal(err)
 	}

@@ -105,7 +105,22 @@ func (c *console) text(sel string) string {
 	return v
 }
 
-func (c *console) shot(name string) { screenshot(c.t, c.ctx, "console-"+name) }
+// shot saves a screenshot and checks the page for controls a keyboard or
+// screen-reader user could not use: a button, link or field without a name.
+func (c *console) shot(name string) {
+	screenshot(c.t, c.ctx, "console-"+name)
+	if strings.HasPrefix(name, "failed-") {
+		return
+	}
+	if bad := c.eval(`JSON.stringify([...document.querySelectorAll('button, a[href], input:not([type=hidden]):not([hidden]), select, textarea')].filter(e => {
+	  if (e.closest('.xterm')) return false; // xterm.js's own helper textarea
+	  const name = (e.getAttribute('aria-label') || e.innerText || e.value || '').trim();
+	  if (e.matches('input, select, textarea')) return !(e.labels && e.labels.length) && !e.getAttribute('aria-label');
+	  return !name;
+	}).map(e => e.outerHTML.slice(0, 120)))`); bad != "[]" {
+		c.t.Errorf("page %s has unnamed controls: %s", name, bad)
+	}
+}
 
 // fill sets an input's value the way typing does (an input event).
 func fill(sel, val string) chromedp.Action[chromedp.Void] {
@@ -488,7 +503,9 @@ func TestRealConsole(t *testing.T) {
 		var me struct{ Organization struct{ ID string } }
 		_, b := h.call(devToken, "GET", "/v1/me", nil)
 		json.Unmarshal(b, &me)
-		var m struct{ Members []struct{ UserID, Name string } }
+		var m struct {
+			Members []struct{ UserID, Name string }
+		}
 		_, b = h.call(h.token, "GET", "/v1/orgs/"+me.Organization.ID+"/members", nil)
 		json.Unmarshal(b, &m)
 		for _, x := range m.Members {

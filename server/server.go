@@ -453,6 +453,7 @@ func Run(ctx context.Context, cfg *config.Config, out io.Writer) error {
 	}
 	hs, capped := s.apiServer(ln)
 	fmt.Fprintf(out, "sandboxd listening on http://%s (data dir %s)\n", ln.Addr(), cfg.DataDir)
+	fmt.Fprintf(out, "web console: http://%s/ (sign in with a token)\n", ln.Addr())
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(capped) }()
 	select {
