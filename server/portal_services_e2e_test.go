@@ -33,11 +33,18 @@ func (h *harness) signIn(t testing.TB, ctx context.Context, id, route string) st
 		loc, _ := get(ctx, 5*time.Second, chromedp.Location())
 		t.Fatalf("open %s: %v (at %s)", route, err, loc)
 	}
-	origin, err := get(ctx, 10*time.Second, chromedp.Evaluate[string](`location.origin`))
-	if err != nil {
-		t.Fatal(err)
+	// The login page may still be moving on to the route (seen under load:
+	// "Inspected target navigated or closed"): ask again until it settles.
+	var err error
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		var origin string
+		if origin, err = get(ctx, 5*time.Second, chromedp.Evaluate[string](`location.origin`)); err == nil {
+			return origin
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
 	}
-	return origin
 }
 
 // waitFor polls a JavaScript expression until it is true; the starting
