@@ -143,7 +143,7 @@ func (s *Server) listTerminals(c *gin.Context) {
 	for _, t := range s.terms.List(ses.ID) {
 		out = append(out, terminalJSON{TerminalID: t.ID, CreatedAt: t.Created.UTC(), Viewers: t.Viewers(), Running: t.Running()})
 	}
-	c.JSON(http.StatusOK, gin.H{"terminals": out})
+	c.JSON(http.StatusOK, gin.H{"terminals": out, "limit": procs.MaxTerminalsPerSession})
 }
 
 // killTerminal: DELETE /v1/sandbox/:sessionId/terminals/:terminalId.

@@ -123,16 +123,31 @@ export async function download(path, name) {
 // origin and turns the ticket into a cookie there, so the token never
 // reaches sandbox content.
 export async function openPortal(sessionId, url) {
-  const w = window.open('about:blank', '_blank');
+  // Opened now, while the click still counts (a popup opened after an
+  // await may be blocked), and emptied at once: a browser copies this tab's
+  // sessionStorage, the token, into a tab it opens with an opener.
+  const w = window.open('', '_blank');
+  if (w) {
+    try { w.sessionStorage.clear(); } catch (_) { /* not ours to read: nothing was copied */ }
+    w.opener = null;
+  }
   try {
     const t = await post('/v1/sandbox/' + enc(sessionId) + '/tickets');
     const u = new URL(url);
     u.searchParams.set('ticket', t.ticket);
-    if (w) { w.opener = null; w.location = u.toString(); } else location.assign(u.toString());
+    if (w) w.location = u.toString(); else location.assign(u.toString());
   } catch (e) {
     if (w) w.close();
     throw e;
   }
+}
+
+// visible shows a name a sandbox chose as it is: control and bidirectional
+// formatting characters (a right-to-left override makes "exe.png" of
+// "gnp.exe") become \u escapes.
+export function visible(name) {
+  return String(name).replace(/[\u0000-\u001f\u007f-\u009f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]/g,
+    (c) => '\\u' + c.charCodeAt(0).toString(16).padStart(4, '0'));
 }
 
 // Formatting.

@@ -1,6 +1,7 @@
 // The sandboxd console: sign in with a token, then sessions, a session's
 // page and the organization's views. Routes live in the URL's fragment.
-import { render } from 'preact';
+import './cspstyles.js'; // first: before xterm.js makes its style elements
+import { Component, render } from 'preact';
 import { useEffect, useState } from 'preact/hooks';
 import { Boxes, Building2, KeyRound, LogOut, ScrollText, Users, BarChart3 } from 'lucide-preact';
 import { ApiError, get, setUnauthenticatedHandler, token } from './api.js';
@@ -17,7 +18,21 @@ function useRoute() {
     addEventListener('hashchange', f);
     return () => removeEventListener('hashchange', f);
   }, []);
-  return h.replace(/^#\/?/, '').split('/').map(decodeURIComponent);
+  return h.replace(/^#\/?/, '').split('/').map((p) => { try { return decodeURIComponent(p); } catch (_) { return '\u0000bad'; } });
+}
+
+// Boundary keeps one page's failure from blanking the console; it resets
+// when the route changes.
+class Boundary extends Component {
+  componentDidCatch(err) { this.setState({ err }); }
+  componentDidUpdate(prev) { if (prev.route !== this.props.route && this.state.err) this.setState({ err: null }); }
+  render() {
+    if (this.state.err) {
+      return <div class="page"><h1>This page failed</h1><p class="error" role="alert">{String(this.state.err.message || this.state.err)}</p>
+        <p><a href="#/sessions">Sessions</a> · <button class="link" onClick={() => location.reload()}>Reload</button></p></div>;
+    }
+    return this.props.children;
+  }
 }
 
 function SignIn({ notice }) {
@@ -26,8 +41,12 @@ function SignIn({ notice }) {
   const [busy, setBusy] = useState(false);
   async function submit(e) {
     e.preventDefault();
-    const t = val.trim();
+    const t = val.trim().replace(/^bearer\s+/i, '');
     if (!t) { setErr(new ApiError(0, 'invalid_request', 'Paste a token first.', '')); return; }
+    if (/[^\x21-\x7e]/.test(t)) {
+      setErr(new ApiError(0, 'invalid_request', 'A token is plain ASCII (sbx_…) with no spaces: check for a stray character from copying.', ''));
+      return;
+    }
     setBusy(true);
     setErr(null);
     try {
@@ -52,7 +71,7 @@ function SignIn({ notice }) {
           onInput={(e) => setVal(e.target.value)} placeholder="sbx_…" autofocus />
         <ErrorBox error={err} />
         <button class="primary" type="submit" disabled={busy}>{busy ? 'Checking…' : 'Sign in'}</button>
-        <p class="hint">The first start of the server wrote the owner's token to <code>/var/lib/sandboxd/owner.token</code>; <code>sandboxd token create</code> makes more.</p>
+        <p class="hint">The server's first start wrote the owner's token to <code>owner.token</code> in its data dir (by default <code>/var/lib/sandboxd/owner.token</code>); <code>sandboxd token create</code> makes more.</p>
       </form>
     </main>
   );
@@ -81,6 +100,7 @@ function Shell({ me, signOut }) {
     default: page = <div class="page"><h1>Not found</h1><p>No such page. <a href="#/sessions">Sessions</a></p></div>;
   }
   const active = route[0] === 's' ? 'sessions' : (route[0] || 'sessions');
+  const key = route.join('/');
   return (
     <div class="shell">
       <a class="skip" href="#main" onClick={(e) => { e.preventDefault(); document.getElementById('main').focus(); }}>Skip to content</a>
@@ -97,7 +117,7 @@ function Shell({ me, signOut }) {
           <button class="ghost signout" onClick={signOut}><LogOut size={14} aria-hidden="true" /> Sign out</button>
         </div>
       </nav>
-      <main id="main" tabindex="-1">{page}</main>
+      <main id="main" tabindex="-1"><Boundary route={key}>{page}</Boundary></main>
     </div>
   );
 }
@@ -130,10 +150,15 @@ function App() {
     return () => removeEventListener('sandboxd-signin', onSignIn);
   }, []);
 
-  // Notice a revoked token soon even on a quiet page.
+  // Notice a revoked token, or a changed role, soon even on a quiet page.
   useEffect(() => {
     if (!me) return;
-    const t = setInterval(() => { if (document.visibilityState === 'visible') get('/v1/me').catch(() => {}); }, 15000);
+    const t = setInterval(() => {
+      if (document.visibilityState !== 'visible') return;
+      get('/v1/me').then((m) => {
+        if (m.role !== me.role || m.permissions.join() !== me.permissions.join() || m.github.connected !== me.github.connected) setMe(m);
+      }).catch(() => {});
+    }, 15000);
     return () => clearInterval(t);
   }, [me]);
 

@@ -110,7 +110,7 @@ export function Tokens({ me }) {
       {fresh && <Modal title="Token created" onClose={() => setFresh(null)}>
         <p>Copy it now: this is the only time it is shown. It is stored only as a hash.</p>
         <input class="secret" id="fresh-token" readOnly value={fresh.token} onFocus={(e) => e.target.select()} aria-label="The new token" />
-        <div class="actions"><button onClick={() => navigator.clipboard && navigator.clipboard.writeText(fresh.token)}>Copy</button><button class="primary" onClick={() => setFresh(null)}>Done</button></div>
+        <div class="actions"><CopyButton target="fresh-token" /><button class="primary" onClick={() => setFresh(null)}>Done</button></div>
       </Modal>}
       {ask && <Confirm title="Revoke" danger body={'Revoke the token “' + ask.name + '”? Whatever uses it stops working at once' + (ask.id === me.tokenId ? ', including this tab: you will be signed out.' : '.')}
         action={() => del('/v1/tokens/' + enc(ask.id))} onDone={load} onClose={() => setAsk(null)} />}
@@ -128,14 +128,17 @@ export function Members({ me }) {
   const [fresh, setFresh] = useState(null);
   const [ask, setAsk] = useState(null);
   const base = '/v1/orgs/' + enc(me.organization.id) + '/members';
-  const load = async () => { try { setList((await get(base)).members); setErr(null); } catch (e) { setErr(e); } };
+  const load = async () => { try { setList((await get(base)).members); } catch (e) { setErr(e); } };
   useEffect(() => { load(); }, []);
   async function add(e) {
     e.preventDefault();
+    setErr(null);
     try { setFresh(await post(base, { name: name.trim(), role })); setName(''); load(); } catch (x) { setErr(x); }
   }
   async function change(m, r) {
-    try { await api('PATCH', base + '/' + enc(m.userId), { role: r }); load(); } catch (x) { setErr(x); load(); }
+    setErr(null);
+    try { await api('PATCH', base + '/' + enc(m.userId), { role: r }); } catch (x) { setErr(x); }
+    load(); // the select shows the role the server has
   }
   return (
     <div class="page">
@@ -160,13 +163,31 @@ export function Members({ me }) {
       </table></div>}
       {fresh && <Modal title="Member added" onClose={() => setFresh(null)}>
         <p>{fresh.user.name} is a {fresh.role}. Give them this token; it is shown only now.</p>
-        <input class="secret" readOnly value={fresh.token && fresh.token.token} onFocus={(e) => e.target.select()} aria-label="Their token" />
-        <div class="actions"><button class="primary" onClick={() => setFresh(null)}>Done</button></div>
+        <input class="secret" id="member-token" readOnly value={fresh.token && fresh.token.token} onFocus={(e) => e.target.select()} aria-label="Their token" />
+        <div class="actions"><CopyButton target="member-token" /><button class="primary" onClick={() => setFresh(null)}>Done</button></div>
       </Modal>}
       {ask && <Confirm title="Remove" danger body={'Remove ' + ask.name + ' from ' + me.organization.name + '? Their tokens stop working.'}
         action={() => del(base + '/' + enc(ask.userId))} onDone={load} onClose={() => setAsk(null)} />}
     </div>
   );
+}
+
+// copy puts text on the clipboard (the async API exists only on secure
+// origins; plain http on a LAN address falls back to a selection copy).
+async function copy(input) {
+  try {
+    await navigator.clipboard.writeText(input.value);
+    return true;
+  } catch (_) {
+    input.focus();
+    input.select();
+    return document.execCommand && document.execCommand('copy');
+  }
+}
+
+function CopyButton({ target }) {
+  const [done, setDone] = useState('');
+  return <button onClick={async () => setDone(await copy(document.getElementById(target)) ? 'Copied' : 'Select it and copy by hand')}>{done || 'Copy'}</button>;
 }
 
 function localToRFC(v) { return v ? new Date(v).toISOString().replace(/\.\d{3}Z$/, 'Z') : ''; }
@@ -176,13 +197,27 @@ export function Audit({ me }) {
   const [recs, setRecs] = useState(null);
   const [err, setErr] = useState(null);
   const [members, setMembers] = useState([]);
-  async function load(e) {
+  const PAGE = 200;
+  const [more, setMore] = useState(false);
+  // load fetches the newest PAGE records that match; older appends the
+  // PAGE before the oldest shown.
+  async function load(e, older) {
     e && e.preventDefault();
-    const q = new URLSearchParams({ limit: '200' });
+    const q = new URLSearchParams({ limit: String(PAGE) });
     for (const k of ['sessionId', 'userId', 'action']) if (f[k].trim()) q.set(k, f[k].trim());
     if (f.since) q.set('since', localToRFC(f.since));
-    if (f.until) q.set('until', localToRFC(f.until));
-    try { setRecs((await get('/v1/audit?' + q)).records); setErr(null); } catch (x) { setErr(x); }
+    let until = f.until ? localToRFC(f.until) : '';
+    if (older && recs && recs.length) until = recs[recs.length - 1].time; // exclusive; times are in nanoseconds
+    if (until) q.set('until', until);
+    try {
+      const got = (await get('/v1/audit?' + q)).records;
+      setMore(got.length === PAGE);
+      if (older) {
+        const seen = new Set(recs.map((r) => r.requestId + r.action + r.time));
+        setRecs([...recs, ...got.filter((r) => !seen.has(r.requestId + r.action + r.time))]);
+      } else setRecs(got);
+      setErr(null);
+    } catch (x) { setErr(x); }
   }
   useEffect(() => {
     load();
@@ -213,6 +248,7 @@ export function Audit({ me }) {
             <td class="details">{r.details ? JSON.stringify(r.details) : ''}</td>
           </tr>))}</tbody>
       </table></div>)}
+      {more && <p><button onClick={() => load(null, true)}>Load older records</button></p>}
     </div>
   );
 }

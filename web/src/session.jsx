@@ -2,7 +2,7 @@
 // terminal, files, artifacts and log tabs.
 import { useEffect, useRef, useState } from 'preact/hooks';
 import { Code2, FileDown, Globe, Monitor, NotebookPen, Plus, Trash2, Upload, X, Folder, File, Link2 } from 'lucide-preact';
-import { ago, bytes, credits, del, download, enc, get, openPortal, openWS, upload } from './api.js';
+import { ago, bytes, credits, del, download, enc, get, openPortal, openWS, upload, visible } from './api.js';
 import { Actions } from './sessions.jsx';
 import { Term } from './terminal.jsx';
 import { Confirm, ErrorBox, Gauge, Status, usePoll } from './ui.jsx';
@@ -86,20 +86,22 @@ function Stats({ id, running }) {
   );
 }
 
+// The portal's services; the browser's is a DevTools endpoint, whose
+// version document is the page worth opening.
 const PORTAL = [
-  ['editor', 'Editor', Code2, 'VS Code in the browser'],
-  ['notebook', 'Notebook', NotebookPen, 'Jupyter'],
-  ['display', 'Display', Monitor, 'the virtual display (noVNC)'],
-  ['browser', 'Browser', Globe, "the headless browser's DevTools endpoint"],
+  ['editor', 'Editor', Code2, 'VS Code in the browser', ''],
+  ['notebook', 'Notebook', NotebookPen, 'Jupyter', ''],
+  ['display', 'Display', Monitor, 'the virtual display (noVNC)', ''],
+  ['browser', 'Browser', Globe, "the headless browser's DevTools endpoint", 'json/version'],
 ];
 
 function Portal({ s, running }) {
   const [err, setErr] = useState(null);
   return (
     <div class="portal">
-      {PORTAL.map(([k, label, Icon, what]) => (
+      {PORTAL.map(([k, label, Icon, what, sub]) => (
         <button class="small" data-portal={k} disabled={!running} title={'Open ' + what + ' in a new tab, on the sandbox’s own origin'}
-          onClick={() => openPortal(s.sessionId, s.urls[k]).catch(setErr)}><Icon size={14} aria-hidden="true" /> {label}</button>
+          onClick={() => openPortal(s.sessionId, s.urls[k] + sub).catch(setErr)}><Icon size={14} aria-hidden="true" /> {label}</button>
       ))}
       <ErrorBox error={err} onClose={() => setErr(null)} />
     </div>
@@ -112,7 +114,16 @@ function Terminals({ sid, active }) {
     try { return JSON.parse(sessionStorage.getItem(key)) || [{ n: 1, tid: '' }]; } catch (_) { return [{ n: 1, tid: '' }]; }
   });
   const [cur, setCur] = useState(tabs[0].n);
+  const [others, setOthers] = useState([]);
   useEffect(() => { sessionStorage.setItem(key, JSON.stringify(tabs)); }, [tabs]);
+  // Shells of this session that no tab of this page shows (other tabs,
+  // other people, closed pages: one ends 10 minutes after its last viewer).
+  const loadOthers = () => get('/v1/sandbox/' + enc(sid) + '/terminals').then((r) => {
+    setTabs((ts) => { setOthers(r.terminals.filter((x) => !ts.some((t) => t.tid === x.terminalId))); return ts; });
+  }).catch(() => {});
+  useEffect(() => { loadOthers(); }, [sid]);
+  const attach = (tid) => { const n = Math.max(0, ...tabs.map((t) => t.n)) + 1; setTabs([...tabs, { n, tid }]); setCur(n); setOthers(others.filter((x) => x.terminalId !== tid)); };
+  const end = (tid) => del('/v1/sandbox/' + enc(sid) + '/terminals/' + enc(tid)).catch(() => {}).finally(loadOthers);
   const add = () => { const n = Math.max(0, ...tabs.map((t) => t.n)) + 1; setTabs([...tabs, { n, tid: '' }]); setCur(n); };
   const close = async (t) => {
     if (t.tid) del('/v1/sandbox/' + enc(sid) + '/terminals/' + enc(t.tid)).catch(() => {});
@@ -135,8 +146,16 @@ function Terminals({ sid, active }) {
       {tabs.map((t) => (
         <Term key={t.n} sid={sid} tid={t.tid} active={active && cur === t.n}
           onReady={(tid) => setTabs((ts) => ts.map((x) => x.n === t.n ? { ...x, tid } : x))}
-          onGone={() => setTabs((ts) => ts.map((x) => x.n === t.n ? { ...x, tid: '' } : x))} />
+          onGone={() => setTabs((ts) => ts.map((x) => x.n === t.n ? { ...x, tid: '' } : x))} onLimit={loadOthers} />
       ))}
+      {others.length > 0 && <details class="others">
+        <summary>{others.length} other shell{others.length > 1 ? 's' : ''} running in this session</summary>
+        <ul>{others.map((o) => <li>
+          <code>{o.terminalId}</code> <span class="sub">opened {ago(o.createdAt)} ago · {o.viewers} watching</span>
+          <button class="small" onClick={() => attach(o.terminalId)}>Attach</button>
+          <button class="small danger" onClick={() => end(o.terminalId)}>End</button>
+        </li>)}</ul>
+      </details>}
     </div>
   );
 }
@@ -184,7 +203,7 @@ function Files({ sid, canUpdate, running }) {
       <div class="files-head">
         <nav class="path" aria-label="Folder">
           {parts.map((p, i) => <>
-            <span>/</span><button class="link" onClick={() => setDir('/' + parts.slice(0, i + 1).join('/'))}>{p}</button>
+            <span>/</span><button class="link" onClick={() => setDir('/' + parts.slice(0, i + 1).join('/'))}>{visible(p)}</button>
           </>)}
         </nav>
         {allowUp && <>
@@ -195,7 +214,7 @@ function Files({ sid, canUpdate, running }) {
       {allowUp && <p class="hint">Drop files here to upload them into {dir}.</p>}
       {ups.length > 0 && <ul class="uploads" aria-label="Uploads">
         {ups.map((u) => <li>
-          <span>{u.name}</span>
+          <span class="name">{visible(u.name)}</span>
           {u.err ? <span class="bad">{u.err.message}{u.err.requestId ? ' (request ' + u.err.requestId + ')' : ''}</span>
             : <progress max="1" value={u.p} aria-label={'Upload of ' + u.name}>{Math.round(u.p * 100)}%</progress>}
           <span class="sub">{u.p >= 1 && !u.err ? 'done' : bytes(u.size)}</span>
@@ -210,21 +229,21 @@ function Files({ sid, canUpdate, running }) {
             {list.length === 0 && <tr><td colspan="4" class="empty">Empty folder.</td></tr>}
             {list.map((f) => (
               <tr data-file={f.name}>
-                <td>{f.type === 'dir'
-                  ? <button class="link" onClick={() => setDir(join(dir, f.name))}><Folder size={14} aria-hidden="true" /> {f.name}/</button>
-                  : <span>{f.type === 'symlink' ? <Link2 size={14} aria-hidden="true" /> : <File size={14} aria-hidden="true" />} {f.name}</span>}</td>
+                <td class="name">{f.type === 'dir'
+                  ? <button class="link" onClick={() => setDir(join(dir, f.name))}><Folder size={14} aria-hidden="true" /> {visible(f.name)}/</button>
+                  : <span>{f.type === 'symlink' ? <Link2 size={14} aria-hidden="true" /> : <File size={14} aria-hidden="true" />} {visible(f.name)}</span>}</td>
                 <td class="num">{f.type === 'file' ? bytes(f.size) : ''}</td>
                 <td title={f.modifiedAt}>{ago(f.modifiedAt)} ago</td>
                 <td class="row-actions">
-                  {f.type === 'file' && <button class="small" aria-label={'Download ' + f.name} onClick={() => download(base + enc(join(dir, f.name)), f.name).catch(setErr)}><FileDown size={14} aria-hidden="true" /></button>}
-                  {allowUp && <button class="small danger" aria-label={'Delete ' + f.name} onClick={() => setAsk(f)}><Trash2 size={14} aria-hidden="true" /></button>}
+                  {f.type === 'file' && <button class="small" aria-label={'Download ' + visible(f.name)} onClick={() => download(base + enc(join(dir, f.name)), f.name).catch(setErr)}><FileDown size={14} aria-hidden="true" /></button>}
+                  {allowUp && <button class="small danger" aria-label={'Delete ' + visible(f.name)} onClick={() => setAsk(f)}><Trash2 size={14} aria-hidden="true" /></button>}
                 </td>
               </tr>
             ))}
           </tbody>
         </table></div>
       )}
-      {ask && <Confirm title="Delete" danger body={'Delete ' + join(dir, ask.name) + (ask.type === 'dir' ? ' and everything in it' : '') + '?'}
+      {ask && <Confirm title="Delete" danger body={'Delete ' + visible(join(dir, ask.name)) + (ask.type === 'dir' ? ' and everything in it' : '') + '?'}
         action={() => del(base + enc(join(dir, ask.name)) + (ask.type === 'dir' ? '&recursive=true' : ''))} onDone={load} onClose={() => setAsk(null)} />}
     </div>
   );
@@ -245,10 +264,10 @@ function Artifacts({ sid }) {
           <thead><tr><th>Path</th><th class="num">Size</th><th>SHA-256</th><th>Modified</th><th><span class="sr">Download</span></th></tr></thead>
           <tbody>{list.map((a) => (
             <tr data-artifact={a.path}>
-              <td>{a.path}</td><td class="num">{bytes(a.size)}</td>
+              <td class="name">{visible(a.path)}</td><td class="num">{bytes(a.size)}</td>
               <td><code class="sha" title={a.sha256}>{a.sha256.slice(0, 12)}…</code></td>
               <td title={a.modifiedAt}>{ago(a.modifiedAt)} ago</td>
-              <td><button class="small" aria-label={'Download ' + a.path} onClick={() => download('/v1/sandbox/' + enc(sid) + '/artifacts/' + a.path.split('/').map(enc).join('/'), a.path.split('/').pop()).catch(setErr)}><FileDown size={14} aria-hidden="true" /> Download</button></td>
+              <td><button class="small" aria-label={'Download ' + visible(a.path)} onClick={() => download('/v1/sandbox/' + enc(sid) + '/artifacts/' + a.path.split('/').map(enc).join('/'), a.path.split('/').pop()).catch(setErr)}><FileDown size={14} aria-hidden="true" /> Download</button></td>
             </tr>))}</tbody>
         </table></div>
       )}
@@ -279,7 +298,7 @@ function Logs({ sid }) {
         if (typeof m.data !== 'string') return;
         let e;
         try { e = JSON.parse(m.data); } catch (_) { return; }
-        if (e.type !== 'kernel' && e.type !== 'event') return;
+        if (e.type !== 'kernel' && e.type !== 'event' && e.type !== 'service') return;
         setLines((l) => { const n = l.length >= 2000 ? l.slice(-1999) : l.slice(); n.push(e); return n; });
       };
       ws.onclose = () => {
@@ -292,18 +311,18 @@ function Logs({ sid }) {
     return () => { stop = true; clearTimeout(timer); ws && ws.close(); };
   }, [sid]);
   useEffect(() => { if (follow && box.current) box.current.scrollTop = box.current.scrollHeight; }, [lines, follow]);
-  const shown = lines.filter((e) => kernel || e.type !== 'kernel');
+  const shown = lines.filter((e) => kernel || e.type === 'event');
   return (
     <div class="logs">
       <div class="filters">
         <span class={'term-state ts-' + (state === 'live' ? 'connected' : 'reconnecting')}><span class="dot" aria-hidden="true" />{state}</span>
-        <label class="check"><input type="checkbox" checked={kernel} onChange={(e) => setKernel(e.target.checked)} /> gVisor kernel output</label>
+        <label class="check"><input type="checkbox" checked={kernel} onChange={(e) => setKernel(e.target.checked)} /> gVisor kernel and service output</label>
         <label class="check"><input type="checkbox" checked={follow} onChange={(e) => setFollow(e.target.checked)} /> Follow</label>
       </div>
       <div class="logbox" ref={box} tabindex="0" aria-label="Session log" role="log">
         {shown.length === 0 && <div class="empty">Nothing logged yet.</div>}
-        {shown.map((e) => e.type === 'kernel'
-          ? <div class="ll kernel"><time>{e.time.slice(11, 19)}</time> <span class="tag">kernel</span> {e.line}</div>
+        {shown.map((e) => e.type !== 'event'
+          ? <div class={'ll ' + e.type}><time>{(e.time || '').slice(11, 19)}</time> <span class="tag">{e.type === 'kernel' ? 'kernel' : e.service || 'service'}</span> {visible(e.line || '')}</div>
           : <div class={'ll event ' + (HOT[e.kind] || '')} data-kind={e.kind}><time>{e.time.slice(11, 19)}</time> <span class="tag">{e.kind}</span> {describe(e)}</div>)}
       </div>
     </div>

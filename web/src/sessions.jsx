@@ -112,11 +112,15 @@ function parseEnv(text) {
     const line = raw.trim();
     if (!line || line.startsWith('#')) continue;
     const eq = line.indexOf('=');
-    if (eq < 1) throw new Error('Environment line ' + (i + 1) + ': write NAME=value.');
-    env[line.slice(0, eq).trim()] = line.slice(eq + 1);
+    if (eq < 1) throw new Error('Environment, line ' + (i + 1) + ': write NAME=value.');
+    const name = line.slice(0, eq).trim();
+    if (name in env) throw new Error('Environment, line ' + (i + 1) + ': ' + name + ' is given twice.');
+    env[name] = line.slice(eq + 1);
   }
   return env;
 }
+
+const MAX_IDLE_MIN = 7 * 24 * 60; // the API's cap, a week
 
 function Provision({ me, onClose, onDone }) {
   const [sizes, setSizes] = useState(null);
@@ -134,7 +138,7 @@ function Provision({ me, onClose, onDone }) {
     get('/v1/sizes').then((r) => { setSizes(r); setSize(r.default); }).catch(setErr);
   }, []);
 
-  const idBad = id && !ID_RE.test(id);
+  const idBad = id.trim() !== '' && !ID_RE.test(id.trim());
   const repoBad = repo && !REPO_RE.test(repo);
   const noGit = repo && !me.github.connected;
 
@@ -147,9 +151,18 @@ function Provision({ me, onClose, onDone }) {
       const env = parseEnv(envText);
       if (Object.keys(env).length) body.env = env;
       const sec = {};
-      for (const s of secrets) if (s.name.trim()) sec[s.name.trim()] = s.value;
+      for (const s of secrets) {
+        const n = s.name.trim();
+        if (!n) { if (s.value) throw new Error('Secrets: a value needs a name.'); continue; }
+        if (n in sec) throw new Error('Secrets: ' + n + ' is given twice.');
+        sec[n] = s.value;
+      }
       if (Object.keys(sec).length) body.secrets = sec;
-      if (idle) body.idleTimeoutSeconds = Math.round(Number(idle) * 60);
+      if (idle.trim()) {
+        const m = Number(idle);
+        if (!Number.isInteger(m) || m < 1 || m > MAX_IDLE_MIN) throw new Error('Idle timeout: a whole number of minutes from 1 to ' + MAX_IDLE_MIN + ' (a week), or empty for none.');
+        body.idleTimeoutSeconds = m * 60;
+      }
     } catch (x) {
       setErr({ message: x.message, code: 'invalid_request' });
       return;
@@ -167,9 +180,9 @@ function Provision({ me, onClose, onDone }) {
 
   return (
     <Modal title="New sandbox" onClose={onClose} wide>
-      <form class="form" onSubmit={submit} id="provision-form">
+      <form class="form" onSubmit={submit} id="provision-form" noValidate>
         <label for="p-id">Session id</label>
-        <input id="p-id" value={id} onInput={(e) => setId(e.target.value)} required aria-invalid={idBad ? 'true' : undefined} aria-describedby="p-id-help" />
+        <input id="p-id" value={id} onInput={(e) => setId(e.target.value)} aria-invalid={idBad ? 'true' : undefined} aria-describedby="p-id-help" />
         <small id="p-id-help" class={idBad ? 'bad' : ''}>1–128 letters, digits, “.”, “_” or “-”, starting with a letter or digit. A session id is used once; resume an old session instead of reusing its id.</small>
 
         <fieldset>
@@ -216,13 +229,13 @@ function Provision({ me, onClose, onDone }) {
             <button type="button" class="small" onClick={() => setSecrets([...secrets, { name: '', value: '' }])}>Add a secret</button>
           </div>
           <label for="p-idle">Idle timeout (minutes, optional)</label>
-          <input id="p-idle" type="number" min="1" value={idle} onInput={(e) => setIdle(e.target.value)} />
+          <input id="p-idle" inputMode="numeric" value={idle} onInput={(e) => setIdle(e.target.value)} placeholder="none" />
         </details>
 
         <ErrorBox error={err} />
         <div class="actions">
           <button type="button" onClick={onClose} disabled={busy}>Cancel</button>
-          <button type="submit" class="primary" id="p-submit" disabled={busy || idBad || !size}>{busy ? 'Starting…' : 'Start sandbox'}</button>
+          <button type="submit" class="primary" id="p-submit" disabled={busy || idBad || !id.trim() || !size}>{busy ? 'Starting…' : 'Start sandbox'}</button>
         </div>
       </form>
     </Modal>

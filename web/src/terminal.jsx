@@ -10,16 +10,20 @@ import { enc, get, openWS } from './api.js';
 
 const THEME = { background: '#0d1117', foreground: '#e6edf3', cursor: '#e6edf3', selectionBackground: '#264f78' };
 
-export function Term({ sid, tid, active, onReady, onGone }) {
+export function Term({ sid, tid, active, onReady, onGone, onLimit }) {
   const el = useRef();
   const [state, setState] = useState('connecting');
   const [note, setNote] = useState('');
   const termRef = useRef(null);
+  const restart = useRef(null);
 
   useEffect(() => {
     const term = new Terminal({
       cursorBlink: true, fontSize: 14, scrollback: 5000, theme: THEME,
       fontFamily: 'ui-monospace, "DejaVu Sans Mono", "Liberation Mono", monospace',
+      // OSC 8 hyperlinks: http(s) only, in a new tab without an opener
+      // (window.open without noopener would copy this tab's token).
+      linkHandler: { activate: (_, uri) => { if (/^https?:/i.test(uri)) window.open(uri, '_blank', 'noopener,noreferrer'); } },
     });
     termRef.current = term;
     const fit = new FitAddon();
@@ -84,6 +88,21 @@ export function Term({ sid, tid, active, onReady, onGone }) {
             }
           } catch (_) { /* offline or not running: retry below */ }
         }
+        if (!ready && !cur) {
+          // A new shell refused: at the session's terminal limit? Say so
+          // and stop (each retry would be refused, and audited, again).
+          try {
+            const r = await get('/v1/sandbox/' + enc(sid) + '/terminals');
+            if (stopped) return;
+            if (r.terminals.length >= (r.limit || Infinity)) {
+              done = true;
+              setState('error');
+              setNote('This session already has ' + r.terminals.length + ' shells, its limit. Close a tab, or end a detached shell below (one ends by itself 10 minutes after its last viewer).');
+              onLimit && onLimit();
+              return;
+            }
+          } catch (_) { }
+        }
         if (e.code === 1008 || e.code === 4401 || e.code === 4403) { // refused: no use retrying
           setState('error');
           setNote(e.reason || 'The server closed the terminal.');
@@ -97,6 +116,16 @@ export function Term({ sid, tid, active, onReady, onGone }) {
       };
     };
     connect();
+    // A new shell in place of one that exited or was refused.
+    restart.current = () => {
+      if (ws) ws.close();
+      cur = '';
+      retry = 0;
+      done = false;
+      term.reset();
+      onGone && onGone();
+      connect();
+    };
     const d1 = term.onData((d) => send(enc8.encode(d)));
     const d2 = term.onBinary((d) => send(Uint8Array.from(d, (c) => c.charCodeAt(0))));
     const d3 = term.onResize(({ cols, rows }) => send(JSON.stringify({ type: 'resize', cols, rows })));
@@ -129,6 +158,7 @@ export function Term({ sid, tid, active, onReady, onGone }) {
     <div class={'term-tab' + (active ? ' active' : '')} hidden={!active}>
       <div class={'term-state ts-' + state} role="status" aria-live="polite">
         <span class="dot" aria-hidden="true" />{state}{note && ' · ' + note}
+        {(state === 'exited' || state === 'error') && <button class="small new-shell" onClick={() => restart.current && restart.current()}>Start a new shell</button>}
       </div>
       <div class="term" ref={el} data-terminal={tid || ''} />
     </div>
