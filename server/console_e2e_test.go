@@ -115,7 +115,7 @@ func (c *console) shot(name string) {
 	}
 	if bad := c.eval(`JSON.stringify([...document.querySelectorAll('button, a[href], input:not([type=hidden]):not([hidden]), select, textarea')].filter(e => {
 	  if (e.closest('.xterm')) return false; // xterm.js's own helper textarea
-	  const name = (e.getAttribute('aria-label') || e.innerText || e.value || '').trim();
+	  const name = (e.getAttribute('aria-label') || e.textContent || e.value || '').trim();
 	  if (e.matches('input, select, textarea')) return !(e.labels && e.labels.length) && !e.getAttribute('aria-label');
 	  return !name;
 	}).map(e => e.outerHTML.slice(0, 120)))`); bad != "[]" {

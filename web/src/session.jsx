@@ -114,15 +114,14 @@ function Terminals({ sid, active }) {
     try { return JSON.parse(sessionStorage.getItem(key)) || [{ n: 1, tid: '' }]; } catch (_) { return [{ n: 1, tid: '' }]; }
   });
   const [cur, setCur] = useState(tabs[0].n);
-  const [others, setOthers] = useState([]);
+  const [server, setServer] = useState([]);
   useEffect(() => { sessionStorage.setItem(key, JSON.stringify(tabs)); }, [tabs]);
   // Shells of this session that no tab of this page shows (other tabs,
   // other people, closed pages: one ends 10 minutes after its last viewer).
-  const loadOthers = () => get('/v1/sandbox/' + enc(sid) + '/terminals').then((r) => {
-    setTabs((ts) => { setOthers(r.terminals.filter((x) => !ts.some((t) => t.tid === x.terminalId))); return ts; });
-  }).catch(() => {});
+  const loadOthers = () => get('/v1/sandbox/' + enc(sid) + '/terminals').then((r) => setServer(r.terminals)).catch(() => {});
   useEffect(() => { loadOthers(); }, [sid]);
-  const attach = (tid) => { const n = Math.max(0, ...tabs.map((t) => t.n)) + 1; setTabs([...tabs, { n, tid }]); setCur(n); setOthers(others.filter((x) => x.terminalId !== tid)); };
+  const others = server.filter((x) => x.running && !tabs.some((t) => t.tid === x.terminalId));
+  const attach = (tid) => { const n = Math.max(0, ...tabs.map((t) => t.n)) + 1; setTabs([...tabs, { n, tid }]); setCur(n); };
   const end = (tid) => del('/v1/sandbox/' + enc(sid) + '/terminals/' + enc(tid)).catch(() => {}).finally(loadOthers);
   const add = () => { const n = Math.max(0, ...tabs.map((t) => t.n)) + 1; setTabs([...tabs, { n, tid: '' }]); setCur(n); };
   const close = async (t) => {

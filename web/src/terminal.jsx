@@ -19,7 +19,7 @@ export function Term({ sid, tid, active, onReady, onGone, onLimit }) {
 
   useEffect(() => {
     const term = new Terminal({
-      cursorBlink: true, fontSize: 14, scrollback: 5000, theme: THEME,
+      cursorBlink: true, fontSize: 14, lineHeight: 1.15, scrollback: 5000, theme: THEME,
       fontFamily: 'ui-monospace, "DejaVu Sans Mono", "Liberation Mono", monospace',
       // OSC 8 hyperlinks: http(s) only, in a new tab without an opener
       // (window.open without noopener would copy this tab's token).
