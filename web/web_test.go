@@ -2,6 +2,8 @@ package web
 
 import (
 	"bytes"
+	"compress/gzip"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -51,6 +53,23 @@ func TestConsoleFiles(t *testing.T) {
 		if w2 := serve(t, c, f.path, "If-None-Match", w.Header().Get("ETag")); w2.Code != http.StatusNotModified {
 			t.Errorf("%s with its ETag: %d", f.path, w2.Code)
 		}
+	}
+	// The script goes gzipped to browsers that take it, whole to others.
+	plain := serve(t, c, "/assets/app.js")
+	gz := serve(t, c, "/assets/app.js", "Accept-Encoding", "gzip, deflate, br")
+	if gz.Header().Get("Content-Encoding") != "gzip" || gz.Body.Len()*2 > plain.Body.Len() || gz.Header().Get("ETag") == plain.Header().Get("ETag") ||
+		!strings.Contains(gz.Header().Get("Vary"), "Accept-Encoding") || gz.Header().Get("Content-Security-Policy") != CSP {
+		t.Errorf("gzip: %v, %d vs %d bytes", gz.Header(), gz.Body.Len(), plain.Body.Len())
+	}
+	zr, err := gzip.NewReader(gz.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if un, _ := io.ReadAll(zr); !bytes.Equal(un, plain.Body.Bytes()) {
+		t.Error("gunzipped script differs")
+	}
+	if w := serve(t, c, "/assets/app.js", "Accept-Encoding", "gzip;q=0, identity"); w.Header().Get("Content-Encoding") != "" {
+		t.Error("gzip sent though refused")
 	}
 	for _, p := range []string{"/assets/index.html", "/assets/nope.js", "/assets/../web.go", "/assets/"} {
 		if w := serve(t, c, p); w.Code != http.StatusNotFound {
