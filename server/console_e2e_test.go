@@ -469,9 +469,9 @@ func TestRealConsole(t *testing.T) {
 			fill("#a-action", "sandbox.files_put"), chromedp.Click(chromedp.CSS(`form.filters button[type=submit]`)),
 			chromedp.WaitNotPresent(chromedp.CSS(`tr[data-action="sandbox.provision"]`)), chromedp.WaitVisible(chromedp.CSS(`tr[data-action="sandbox.files_put"]`)))
 		// A refused change says why: the last owner cannot step down.
-		c.do(20*time.Second, "demote the last owner", chromedp.Navigate(origin+"/#/members"), chromedp.WaitVisible(chromedp.CSS(`tr[data-member="owner"] select`)),
-			chromedp.SetValue(chromedp.CSS(`tr[data-member="owner"] select`), "viewer"),
-			chromedp.Evaluate[chromedp.Void](`document.querySelector('tr[data-member="owner"] select').dispatchEvent(new Event('change', {bubbles: true}))`),
+		c.do(20*time.Second, "demote the last owner", chromedp.Navigate(origin+"/#/members"), chromedp.WaitVisible(chromedp.CSS(`tr[data-member="dana"] select`)),
+			chromedp.Evaluate[chromedp.Void](`(() => { const s = document.querySelector('tr[data-member="owner"] select');
+			  s.value = 'viewer'; s.dispatchEvent(new Event('change', {bubbles: true})); })()`),
 			chromedp.WaitVisible(chromedp.CSS(`.error`)))
 		if txt := c.text(".error"); !strings.Contains(txt, "owner") || !strings.Contains(txt, "Request id") {
 			t.Fatalf("refused role change: %q", txt)
