@@ -274,11 +274,17 @@ func TestRealConsole(t *testing.T) {
 		}
 		c.waitFor(15*time.Second, "memory gauge", `document.querySelector('.gauges').innerText.includes('Memory')`)
 		// Colours (xterm.js's style rules pass the CSP as adopted sheets).
-		c.typeLine(`printf '\e[31mRED\e[0m plain\n'`)
-		c.waitLine(20*time.Second, `^RED plain$`)
-		if col := c.eval(`(() => { const s = [...document.querySelectorAll('.term-tab:not([hidden]) .xterm-rows span')].find(e => e.textContent === 'RED');
-		  return s ? getComputedStyle(s).color : 'no span'; })()`); col == "no span" || col == "rgb(230, 237, 243)" {
+		c.typeLine(`printf '\e[31mRED\e[0m plain \e[38;2;0;200;0mTRUE\e[0m\n'`)
+		c.waitLine(20*time.Second, `^RED plain TRUE$`)
+		color := func(text string) string {
+			return c.eval(`(() => { const s = [...document.querySelectorAll('.term-tab:not([hidden]) .xterm-rows span')].find(e => e.textContent === ` + strconv.Quote(text) + `);
+			  return s ? getComputedStyle(s).color : 'no span'; })()`)
+		}
+		if col := color("RED"); col == "no span" || col == "rgb(230, 237, 243)" {
 			t.Fatalf("red text is drawn %s", col)
+		}
+		if col := color("TRUE"); col != "rgb(0, 200, 0)" { // 24-bit colour: a style attribute, through the CSSOM
+			t.Fatalf("24-bit green text is drawn %s", col)
 		}
 		c.shot("terminal")
 	})
@@ -472,10 +478,13 @@ func TestRealConsole(t *testing.T) {
 		c.do(20*time.Second, "demote the last owner", chromedp.Navigate(origin+"/#/members"), chromedp.WaitVisible(chromedp.CSS(`tr[data-member="dana"] select`)),
 			chromedp.Evaluate[chromedp.Void](`(() => { const s = document.querySelector('tr[data-member="owner"] select');
 			  s.value = 'viewer'; s.dispatchEvent(new Event('change', {bubbles: true})); })()`),
-			chromedp.WaitVisible(chromedp.CSS(`.error`)))
-		if txt := c.text(".error"); !strings.Contains(txt, "owner") || !strings.Contains(txt, "Request id") {
+			// One's own role: asked first, then refused in words.
+			chromedp.WaitVisible(chromedp.CSS(`dialog[open] button.danger`)), chromedp.Click(chromedp.CSS(`dialog[open] button.danger`)),
+			chromedp.WaitVisible(chromedp.CSS(`dialog[open] .error`)))
+		if txt := c.text("dialog[open] .error"); !strings.Contains(txt, "owner") || !strings.Contains(txt, "Request id") {
 			t.Fatalf("refused role change: %q", txt)
 		}
+		c.do(10*time.Second, "close", chromedp.KeyEvent("\x1b"), chromedp.WaitNotPresent(chromedp.CSS(`dialog[open]`)))
 		if v := c.eval(`document.querySelector('tr[data-member="owner"] select').value`); v != "owner" {
 			t.Fatalf("the select shows %q after a refused change", v)
 		}

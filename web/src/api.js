@@ -142,11 +142,11 @@ export async function openPortal(sessionId, url) {
   }
 }
 
-// visible shows a name a sandbox chose as it is: control and bidirectional
-// formatting characters (a right-to-left override makes "exe.png" of
-// "gnp.exe") become \u escapes.
+// visible shows a name a sandbox chose as it is: control, bidirectional
+// formatting (a right-to-left override makes "exe.png" of "gnp.exe") and
+// invisible characters (zero-width, fillers) become \u escapes.
 export function visible(name) {
-  return String(name).replace(/[\u0000-\u001f\u007f-\u009f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]/g,
+  return String(name).replace(/[\u0000-\u001f\u007f-\u009f\u00ad\u061c\u115f\u1160\u180e\u200b-\u200f\u2028-\u202e\u2060-\u2069\u3164\ufeff\uffa0]/g,
     (c) => '\\u' + c.charCodeAt(0).toString(16).padStart(4, '0'));
 }
 

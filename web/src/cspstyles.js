@@ -44,3 +44,15 @@ Document.prototype.createElement = function (tag, opts) {
   adopt(el);
   return el;
 };
+
+// xterm.js's DOM renderer also writes 24-bit colours with
+// setAttribute('style', ...), which style-src-attr blocks; the same text
+// through the CSSOM (element.style.cssText) is allowed.
+const setAttribute = Element.prototype.setAttribute;
+Element.prototype.setAttribute = function (name, value) {
+  if (typeof name === 'string' && name.toLowerCase() === 'style' && this.style) {
+    this.style.cssText = String(value);
+    return;
+  }
+  return setAttribute.call(this, name, value);
+};

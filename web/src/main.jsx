@@ -18,7 +18,7 @@ function useRoute() {
     addEventListener('hashchange', f);
     return () => removeEventListener('hashchange', f);
   }, []);
-  return h.replace(/^#\/?/, '').split('/').map((p) => { try { return decodeURIComponent(p); } catch (_) { return '\u0000bad'; } });
+  return h.replace(/^#\/?/, '').split('/').map((p) => { try { return decodeURIComponent(p); } catch (_) { return '(a malformed link)'; } });
 }
 
 // Boundary keeps one page's failure from blanking the console; it resets
@@ -64,7 +64,7 @@ function SignIn({ notice }) {
     <main class="signin">
       <form onSubmit={submit} aria-labelledby="signin-title">
         <h1 id="signin-title"><img src="/assets/icon.svg" alt="" width="32" height="32" /> sandboxd</h1>
-        <p>Sign in with an API token. It is kept only in this browser tab and is forgotten when you sign out or close the tab.</p>
+        <p>Sign in with an API token. It is kept only in this browser tab and is forgotten when you sign out or close the tab. Sandbox pages you open from here (editor, notebook, …) stay signed in to their sandbox for up to 12 hours, or until the token is revoked: on a shared computer, revoke it (Tokens) rather than only signing out.</p>
         {notice && <p class="notice" role="status">{notice}</p>}
         <label for="token">API token</label>
         <input id="token" name="token" type="password" autocomplete="off" spellcheck="false" value={val}
@@ -92,7 +92,7 @@ function Shell({ me, signOut }) {
   switch (route[0]) {
     case '':
     case 'sessions': page = <Sessions me={me} />; break;
-    case 's': page = <SessionPage me={me} id={route[1]} tab={route[2] || 'terminal'} />; break;
+    case 's': page = <SessionPage key={route[1]} me={me} id={route[1]} tab={route[2] || 'terminal'} />; break;
     case 'usage': page = <Usage me={me} />; break;
     case 'tokens': page = <Tokens me={me} />; break;
     case 'members': page = can('org.manage') ? <Members me={me} /> : <Forbidden what="members and roles" perm="org.manage" />; break;
@@ -134,6 +134,7 @@ function App() {
 
   function signOut(msg) {
     token.clear();
+    sessionStorage.clear(); // the terminals' ids too: the next person starts afresh
     setMe(null);
     setNotice(typeof msg === 'string' ? msg : 'You are signed out.');
   }
@@ -141,13 +142,15 @@ function App() {
   useEffect(() => {
     setUnauthenticatedHandler((e) => signOut('You were signed out: ' + e.message + (e.requestId ? ' (request ' + e.requestId + ')' : '')));
     const onSignIn = (e) => { setNotice(''); setMe(e.detail); };
+    const onRefresh = () => get('/v1/me').then(setMe).catch(() => {});
     addEventListener('sandboxd-signin', onSignIn);
+    addEventListener('sandboxd-refresh-me', onRefresh);
     if (token.get()) {
       get('/v1/me').then(setMe).catch((e) => { if (e.status !== 401) setErr(e); }).finally(() => setReady(true));
     } else {
       setReady(true);
     }
-    return () => removeEventListener('sandboxd-signin', onSignIn);
+    return () => { removeEventListener('sandboxd-signin', onSignIn); removeEventListener('sandboxd-refresh-me', onRefresh); };
   }, []);
 
   // Notice a revoked token, or a changed role, soon even on a quiet page.

@@ -135,7 +135,9 @@ export function Members({ me }) {
     setErr(null);
     try { setFresh(await post(base, { name: name.trim(), role })); setName(''); load(); } catch (x) { setErr(x); }
   }
+  const [askRole, setAskRole] = useState(null);
   async function change(m, r) {
+    if (m.userId === me.user.id) { setAskRole({ m, r }); return; } // asked first: see below
     setErr(null);
     try { await api('PATCH', base + '/' + enc(m.userId), { role: r }); } catch (x) { setErr(x); }
     load(); // the select shows the role the server has
@@ -166,6 +168,9 @@ export function Members({ me }) {
         <input class="secret" id="member-token" readOnly value={fresh.token && fresh.token.token} onFocus={(e) => e.target.select()} aria-label="Their token" />
         <div class="actions"><CopyButton target="member-token" /><button class="primary" onClick={() => setFresh(null)}>Done</button></div>
       </Modal>}
+      {askRole && <Confirm title="Change my role" danger body={'Make yourself ' + askRole.r + '? You lose what ' + me.role + ' allows at once' + (askRole.r === 'owner' || askRole.r === 'admin' ? '.' : ', this page included.')}
+        action={() => api('PATCH', base + '/' + enc(askRole.m.userId), { role: askRole.r })}
+        onDone={() => { dispatchEvent(new Event('sandboxd-refresh-me')); load(); }} onClose={() => { setAskRole(null); load(); }} />}
       {ask && <Confirm title="Remove" danger body={'Remove ' + ask.name + ' from ' + me.organization.name + '? Their tokens stop working.'}
         action={() => del(base + '/' + enc(ask.userId))} onDone={load} onClose={() => setAsk(null)} />}
     </div>

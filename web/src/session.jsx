@@ -9,8 +9,20 @@ import { Confirm, ErrorBox, Gauge, Status, usePoll } from './ui.jsx';
 
 const TABS = [['terminal', 'Terminal'], ['files', 'Files'], ['artifacts', 'Artifacts'], ['logs', 'Log']];
 
+const SESSION_ID = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
+
 export function SessionPage({ me, id, tab }) {
+  if (!SESSION_ID.test(id || '')) {
+    return <div class="page"><h1>No such session</h1><p class="notice" role="alert">“{visible(id || '')}” is not a session id.</p><p><a href="#/sessions">Back to sessions</a></p></div>;
+  }
+  return <Session me={me} id={id} tab={tab} />;
+}
+
+function Session({ me, id, tab }) {
   const [s, setS] = useState(null);
+  // The terminal opens a shell: only once its tab has been shown.
+  const [termSeen, setTermSeen] = useState(tab === 'terminal');
+  useEffect(() => { if (tab === 'terminal') setTermSeen(true); }, [tab]);
   const [err, setErr] = useState(null);
   const [gone, setGone] = useState(false);
   const canUpdate = me.permissions.includes('project.update');
@@ -48,9 +60,16 @@ export function SessionPage({ me, id, tab }) {
         {s.secretNames && s.secretNames.length > 0 && <div class="kv"><span>Secrets</span><strong>{s.secretNames.join(', ')}</strong></div>}
       </div>
       {canUpdate && <Portal s={s} running={running} />}
-      <div class="tabs" role="tablist" aria-label="Session views">
+      <div class="tabs" role="tablist" aria-label="Session views" onKeyDown={(e) => {
+        const i = TABS.findIndex(([k]) => k === tab);
+        const j = e.key === 'ArrowRight' ? (i + 1) % TABS.length : e.key === 'ArrowLeft' ? (i + TABS.length - 1) % TABS.length : -1;
+        if (j < 0) return;
+        e.preventDefault();
+        location.hash = '#/s/' + enc(id) + '/' + TABS[j][0];
+        setTimeout(() => { const el = document.getElementById('tab-' + TABS[j][0]); el && el.focus(); }, 0);
+      }}>
         {TABS.map(([k, label]) => (
-          <a role="tab" id={'tab-' + k} aria-selected={tab === k ? 'true' : 'false'} href={'#/s/' + enc(id) + '/' + k}>{label}</a>
+          <a role="tab" id={'tab-' + k} aria-selected={tab === k ? 'true' : 'false'} tabindex={tab === k ? '0' : '-1'} href={'#/s/' + enc(id) + '/' + k}>{label}</a>
         ))}
       </div>
       <div role="tabpanel" aria-labelledby={'tab-' + tab}>
@@ -58,7 +77,7 @@ export function SessionPage({ me, id, tab }) {
         <div hidden={tab !== 'terminal'}>
           {!canUpdate ? <p class="notice">Your role ({me.role}) cannot open terminals: that needs <code>project.update</code>.</p>
             : !running ? <p class="notice">The sandbox is {s.status}. Resume it to open a terminal.</p>
-              : <Terminals sid={id} active={tab === 'terminal'} />}
+              : termSeen && <Terminals sid={id} active={tab === 'terminal'} />}
         </div>
         {tab === 'files' && <Files sid={id} canUpdate={canUpdate} running={running} />}
         {tab === 'artifacts' && <Artifacts sid={id} />}
@@ -141,6 +160,7 @@ function Terminals({ sid, active }) {
           </span>
         ))}
         <button class="ghost small" id="new-terminal" onClick={add} aria-label="New terminal"><Plus size={14} aria-hidden="true" /></button>
+        <span class="hint kbd-hint">The terminal keeps Tab for the shell; F6 moves the focus out.</span>
       </div>
       {tabs.map((t) => (
         <Term key={t.n} sid={sid} tid={t.tid} active={active && cur === t.n}
@@ -210,7 +230,7 @@ function Files({ sid, canUpdate, running }) {
           <button class="small" onClick={() => input.current.click()}><Upload size={14} aria-hidden="true" /> Upload</button>
         </>}
       </div>
-      {allowUp && <p class="hint">Drop files here to upload them into {dir}.</p>}
+      {allowUp && <p class="hint name">Drop files here to upload them into {visible(dir)}.</p>}
       {ups.length > 0 && <ul class="uploads" aria-label="Uploads">
         {ups.map((u) => <li>
           <span class="name">{visible(u.name)}</span>
@@ -233,10 +253,10 @@ function Files({ sid, canUpdate, running }) {
                   : <span>{f.type === 'symlink' ? <Link2 size={14} aria-hidden="true" /> : <File size={14} aria-hidden="true" />} {visible(f.name)}</span>}</td>
                 <td class="num">{f.type === 'file' ? bytes(f.size) : ''}</td>
                 <td title={f.modifiedAt}>{ago(f.modifiedAt)} ago</td>
-                <td class="row-actions">
+                <td><div class="row-actions">
                   {f.type === 'file' && <button class="small" aria-label={'Download ' + visible(f.name)} onClick={() => download(base + enc(join(dir, f.name)), f.name).catch(setErr)}><FileDown size={14} aria-hidden="true" /></button>}
                   {allowUp && <button class="small danger" aria-label={'Delete ' + visible(f.name)} onClick={() => setAsk(f)}><Trash2 size={14} aria-hidden="true" /></button>}
-                </td>
+                </div></td>
               </tr>
             ))}
           </tbody>
@@ -279,7 +299,7 @@ const HOT = { egress_denied: 'denied', quota_exceeded: 'quota', oom: 'denied', c
 function describe(ev) {
   const rest = { ...ev };
   delete rest.type; delete rest.time; delete rest.kind;
-  return Object.entries(rest).filter(([, v]) => v !== '' && v != null).map(([k, v]) => k + '=' + (typeof v === 'string' ? v : JSON.stringify(v))).join(' ');
+  return Object.entries(rest).filter(([, v]) => v !== '' && v != null).map(([k, v]) => visible(k) + '=' + visible(typeof v === 'string' ? v : JSON.stringify(v))).join(' ');
 }
 
 function Logs({ sid }) {
@@ -322,7 +342,7 @@ function Logs({ sid }) {
         {shown.length === 0 && <div class="empty">Nothing logged yet.</div>}
         {shown.map((e) => e.type !== 'event'
           ? <div class={'ll ' + e.type}><time>{(e.time || '').slice(11, 19)}</time> <span class="tag">{e.type === 'kernel' ? 'kernel' : e.service || 'service'}</span> {visible(e.line || '')}</div>
-          : <div class={'ll event ' + (HOT[e.kind] || '')} data-kind={e.kind}><time>{e.time.slice(11, 19)}</time> <span class="tag">{e.kind}</span> {describe(e)}</div>)}
+          : <div class={'ll event ' + (HOT[e.kind] || '')} data-kind={e.kind}><time>{e.time.slice(11, 19)}</time> <span class="tag">{visible(e.kind)}</span> {describe(e)}</div>)}
       </div>
     </div>
   );

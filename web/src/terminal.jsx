@@ -23,7 +23,9 @@ export function Term({ sid, tid, active, onReady, onGone, onLimit }) {
       fontFamily: 'ui-monospace, "DejaVu Sans Mono", "Liberation Mono", monospace',
       // OSC 8 hyperlinks: http(s) only, in a new tab without an opener
       // (window.open without noopener would copy this tab's token).
-      linkHandler: { activate: (_, uri) => { if (/^https?:/i.test(uri)) window.open(uri, '_blank', 'noopener,noreferrer'); } },
+      // The text of such a link is the sandbox's to choose: show where it
+      // really goes first.
+      linkHandler: { activate: (_, uri) => { if (/^https?:/i.test(uri) && confirm('Open this link from the sandbox?\n\n' + uri)) window.open(uri, '_blank', 'noopener,noreferrer'); } },
     });
     termRef.current = term;
     const fit = new FitAddon();
@@ -126,6 +128,15 @@ export function Term({ sid, tid, active, onReady, onGone, onLimit }) {
       onGone && onGone();
       connect();
     };
+    // F6 leaves the terminal (it keeps Tab and Escape for the shell).
+    term.attachCustomKeyEventHandler((e) => {
+      if (e.key === 'F6' && e.type === 'keydown') {
+        const b = el.current && el.current.closest('.terminals') && el.current.closest('.terminals').querySelector('.term-tabbtn.on button');
+        if (b) b.focus();
+        return false;
+      }
+      return true;
+    });
     const d1 = term.onData((d) => send(enc8.encode(d)));
     const d2 = term.onBinary((d) => send(Uint8Array.from(d, (c) => c.charCodeAt(0))));
     const d3 = term.onResize(({ cols, rows }) => send(JSON.stringify({ type: 'resize', cols, rows })));
@@ -145,13 +156,12 @@ export function Term({ sid, tid, active, onReady, onGone, onLimit }) {
     };
   }, [sid]);
 
+  // Focus follows a switch to this terminal, not the page's first render
+  // (a keyboard user lands on the page, not in the shell).
+  const first = useRef(true);
   useEffect(() => {
-    if (active && termRef.current) {
-      requestAnimationFrame(() => {
-        el.current && el.current.dispatchEvent(new Event('refit'));
-        termRef.current && termRef.current.focus();
-      });
-    }
+    if (first.current) { first.current = false; return; }
+    if (active && termRef.current) requestAnimationFrame(() => termRef.current && termRef.current.focus());
   }, [active]);
 
   return (

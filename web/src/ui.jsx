@@ -20,11 +20,15 @@ export function ErrorBox({ error, onClose }) {
 export function Modal({ title, onClose, children, wide }) {
   const ref = useRef();
   useEffect(() => {
+    const opener = document.activeElement; // focus goes back there after
     const d = ref.current;
     if (d && !d.open) d.showModal();
     const cancel = (e) => { e.preventDefault(); onClose(); };
     d.addEventListener('cancel', cancel);
-    return () => d.removeEventListener('cancel', cancel);
+    return () => {
+      d.removeEventListener('cancel', cancel);
+      if (opener && opener.isConnected && opener.focus) setTimeout(() => opener.focus(), 0);
+    };
   }, []);
   return (
     <dialog ref={ref} class={wide ? 'wide' : ''} aria-label={title}>
@@ -55,8 +59,9 @@ export function Confirm({ title, body, action, danger, onDone, onClose }) {
       <p>{body}</p>
       <ErrorBox error={err} />
       <div class="actions">
-        <button onClick={onClose} disabled={busy}>Cancel</button>
-        <button class={danger ? 'danger' : 'primary'} onClick={go} disabled={busy} autofocus>{busy ? 'Working…' : title}</button>
+        {/* A destructive action never has the focus first: Enter twice must not delete. */}
+        <button onClick={onClose} disabled={busy} autofocus={!!danger}>Cancel</button>
+        <button class={danger ? 'danger' : 'primary'} onClick={go} disabled={busy} autofocus={!danger}>{busy ? 'Working…' : title}</button>
       </div>
     </Modal>
   );
