@@ -7,7 +7,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 )
 
@@ -130,21 +129,11 @@ func sameControllers(ctrls, opts []string) bool {
 
 // oomKills returns the sandbox cgroup's count of OOM kills (0 if unknown).
 func (l cgroupLayout) oomKills(name string) int64 {
-	file, key := "memory.oom_control", "oom_kill"
+	file := "memory.oom_control"
 	if l.v2 {
 		file = "memory.events"
 	}
-	b, err := os.ReadFile(filepath.Join(l.memory, name, file))
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, key+" "); ok {
-			n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-			return n
-		}
-	}
-	return 0
+	return max(0, statField(filepath.Join(l.memory, name), file, "oom_kill"))
 }
 
 // remove deletes the sandbox's (empty) cgroup directories that runsc left.

@@ -273,6 +273,13 @@ func TestRealConsole(t *testing.T) {
 			t.Fatalf("terminal shows the secret: %q", m[1])
 		}
 		c.waitFor(15*time.Second, "memory gauge", `document.querySelector('.gauges').innerText.includes('Memory')`)
+		// The gauges' figures are the host's own, of this sandbox.
+		var st statsJSON
+		if code, b := h.call(h.token, "GET", "/v1/sandbox/web-1/stats", nil); code != 200 || json.Unmarshal(b, &st) != nil ||
+			st.Memory.UsedBytes == nil || *st.Memory.UsedBytes < 1<<20 || *st.Memory.LimitBytes < 1<<30 || st.Pids.Current == nil || *st.Pids.Current < 2 ||
+			st.Pids.Limit == nil || *st.Pids.Limit != 512 || st.Disk.TotalBytes == nil || *st.Disk.TotalBytes < 7<<30 || st.CPU.Seconds == nil || *st.CPU.Seconds <= 0 {
+			t.Fatalf("stats: %d %s", code, b)
+		}
 		// Colours (xterm.js's style rules pass the CSP as adopted sheets).
 		c.typeLine(`printf '\e[31mRED\e[0m plain \e[38;2;0;200;0mTRUE\e[0m\n'`)
 		c.waitLine(20*time.Second, `^RED plain TRUE$`)
