@@ -29,6 +29,9 @@ func newBrowser(t testing.TB, extra ...chromedp.ExecAllocatorOption) context.Con
 		chromedp.Flag("disable-sync", true),
 		chromedp.Flag("disable-quic", true),
 		chromedp.WindowSize(1280, 800),
+		// Chromium's own scratch dirs (/tmp/org.chromium.Chromium.*) go
+		// where the test's temp dir is removed.
+		chromedp.Env("TMPDIR="+t.TempDir()),
 	)
 	opts = append(opts, extra...)
 	actx, cancelA := chromedp.NewExecAllocator(context.Background(), opts...)
