@@ -40,8 +40,8 @@
 // is the whole cost on clean text. A verified keyword runs its rule
 // anchored at the keyword on a bounded window (MaxLen+1 bytes, cut after
 // the first byte no match can contain). Rules of a simple shape (literal
-// sets, character classes with repeats, \b, groups; all but
-// aws-secret-access-key today) run on a small backtracking matcher with
+// sets, character classes with repeats, \b, groups; nearly all, listed by
+// TestFastMatcherAgrees) run on a small backtracking matcher with
 // regexp's priorities (fast.go, checked against regexp in tests); others
 // use Go's regexp. A keyword whose next byte cannot continue any match
 // (e.g. "tokenizer") is dropped early.
