@@ -74,17 +74,24 @@ func (h *harness) usage(token, query string) usageOut {
 	return u
 }
 
-func TestRealCredits(t *testing.T) {
+// startCreditsServer starts a real server with the given plan table, a
+// test-credits size (1 credit an hour) and a clock the test moves.
+func startCreditsServer(t *testing.T, plansYAML string) (*harness, *testClock) {
+	t.Helper()
 	cfg := realConfig(t)
 	cfg.Sizes.List = append(cfg.Sizes.List, config.Size{Name: "test-credits", VCPUs: 1, MemoryMiB: 512, DiskMiB: 256, Pids: 512, CreditsPerHour: 1000, EgressMiB: 64})
-	plans, err := config.ParsePlans([]byte(e2ePlans), cfg.Sizes)
+	plans, err := config.ParsePlans([]byte(plansYAML), cfg.Sizes)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg.Plans = plans
 	clk := &testClock{}
 	cfg.Clock = clk.now
-	h := startServer(t, cfg)
+	return startServer(t, cfg), clk
+}
+
+func TestRealCredits(t *testing.T) {
+	h, clk := startCreditsServer(t, e2ePlans)
 
 	// 403: above the plan's largest size, with the plan named.
 	code, b := h.call(h.token, "POST", "/v1/sandbox", map[string]any{"sessionId": "big", "size": "standard-2"})

@@ -5,8 +5,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"sandboxd/server/config"
 )
 
 // Review 3: plans with a small storage cap, and a size that draws a credit
@@ -29,16 +27,7 @@ plans:
 // out the sandbox must stop drawing them (stopped without a save, its
 // disk kept on the node, or paused), whatever the save says.
 func TestReview3CreditsExhaustedOverStorageQuota(t *testing.T) {
-	cfg := realConfig(t)
-	cfg.Sizes.List = append(cfg.Sizes.List, config.Size{Name: "test-credits", VCPUs: 1, MemoryMiB: 512, DiskMiB: 256, Pids: 512, CreditsPerHour: 1000, EgressMiB: 64})
-	plans, err := config.ParsePlans([]byte(review3Plans), cfg.Sizes)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Plans = plans
-	clk := &testClock{}
-	cfg.Clock = clk.now
-	h := startServer(t, cfg)
+	h, clk := startCreditsServer(t, review3Plans)
 	h.provision("q1", "test-credits")
 	t.Cleanup(func() { h.call(h.token, "DELETE", "/v1/sandbox/q1", nil) })
 	if r := h.sh("q1", "head -c 16777216 /dev/urandom > /workspace/noise.bin && echo ok"); r.Stdout != "ok\n" {
