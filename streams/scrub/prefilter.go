@@ -45,9 +45,7 @@ type prefilter struct {
 	win    winTable              // folded window -> offsets it is entered at
 	m4     table4                // folded first 4 bytes -> anchors of length >= 4
 	short  []shortAnchor         // anchors of length 3
-	exPre  map[string]struct{}   // proper prefixes (1..3 bytes) of literal anchors
 	lowPre map[string]struct{}   // proper prefixes (1..3 bytes, lower case) of keyword anchors
-	valPre map[string]struct{}   // proper prefixes (1..3 bytes, lower case) of case-folded value anchors
 }
 
 type shortAnchor struct {
@@ -86,9 +84,7 @@ func newPrefilter(anchors []anchor, follow func(i int) byteSet) *prefilter {
 	pf := &prefilter{
 		bits:   new([bitmapWords]uint64),
 		bits2:  new([bitmap2Words]uint64),
-		exPre:  make(map[string]struct{}),
 		lowPre: make(map[string]struct{}),
-		valPre: make(map[string]struct{}),
 	}
 	var all byteSet
 	for w := range all {
@@ -106,20 +102,13 @@ func newPrefilter(anchors []anchor, follow func(i int) byteSet) *prefilter {
 		} else {
 			pf.m4.add(binary.LittleEndian.Uint32(l)|fold4, int32(i))
 		}
-		pre := pf.exPre
-		switch {
-		case a.fold && a.lab != nil:
-			pre = pf.valPre
-		case a.fold:
-			pre = pf.lowPre
-		}
 		for n := 1; n <= 3 && n < len(l); n++ {
-			pre[string(l[:n])] = struct{}{}
+			pf.lowPre[string(l[:n])] = struct{}{}
 		}
 		// The choices for each byte of a window at offset j: before the
 		// anchor any byte, then the anchor, then its continuations.
 		next, cont := anyByte, anyByte
-		if a.lab == nil && len(l) < stride+3 {
+		if len(l) < stride+3 {
 			var f byteSet
 			for _, fj := range a.follow {
 				for w := range f {
@@ -382,19 +371,12 @@ func probe(bits *[bitmapWords]uint64, data []byte, i int) (int, uint) {
 	return i, 0
 }
 
-// partial reports whether t (1..3 bytes) is a proper prefix of a known
-// value anchor (value) or of a keyword (keyword; only tested if not value).
-func (pf *prefilter) partial(t []byte) (value, keyword bool) {
-	if _, ok := pf.exPre[string(t)]; ok {
-		return true, false
-	}
+// partial reports whether t (1..3 bytes) is a proper prefix of a keyword.
+func (pf *prefilter) partial(t []byte) bool {
 	var lb [3]byte
 	for j, c := range t {
 		lb[j] = lowerByte(c)
 	}
-	if _, ok := pf.valPre[string(lb[:len(t)])]; ok {
-		return true, false
-	}
 	_, ok := pf.lowPre[string(lb[:len(t)])]
-	return false, ok
+	return ok
 }

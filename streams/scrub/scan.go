@@ -1,7 +1,6 @@
 package scrub
 
 import (
-	"bytes"
 	"encoding/binary"
 	"regexp/syntax"
 )
@@ -25,6 +24,7 @@ type scratch struct {
 	nfa     nfaScratch
 	loc     []int
 	fast    fastState
+	kvs     kvScratch
 	// The current scan's results: data[hold:] must be kept; in flush mode
 	// data[hold:rel] is only a keyword prefix (see scan).
 	hold, rel int
@@ -73,24 +73,32 @@ func (s *Set) scan(sc *scratch, data []byte, prev int, final, flush bool) (hold,
 	sc.hits = s.pf.scan(data, sc.hits[:0])
 	if !final {
 		for p := max(0, n-3); p < n; p++ {
-			value, keyword := s.pf.partial(data[p:])
-			if value {
-				sc.holdAt(p, p)
-				break
-			}
-			if keyword {
+			if s.pf.partial(data[p:]) {
 				sc.holdAt(p, n)
-				if !flush {
-					break
-				}
+				break
 			}
 		}
 	}
 	if len(sc.hits) > 0 {
 		s.scanHits(sc, data, prev, final)
 	}
-	if len(sc.regs) > 0 {
-		s.settle(sc)
+	if s.kv != nil {
+		s.scanKV(sc, data, final)
+	}
+	// A scan restarts at hold: never inside an escape sequence, which the
+	// known-value matcher would then read as characters.
+	for {
+		if len(sc.regs) > 0 {
+			s.settle(sc)
+		}
+		h := sc.hold
+		if h < n {
+			h = safeStart(data, h)
+		}
+		if h == sc.hold {
+			break
+		}
+		sc.hold = h
 	}
 	if !flush {
 		return sc.hold, sc.hold
@@ -142,36 +150,15 @@ func (s *Set) scanHits(sc *scratch, data []byte, prev int, final bool) {
 func (s *Set) evalAnchor(sc *scratch, a *anchor, data []byte, i, prev int, final bool) {
 	t := data[i:]
 	m := min(len(a.lit), len(t))
-	if a.fold {
-		for j := 0; j < m; j++ {
-			if lowerByte(t[j]) != a.lit[j] {
-				return
-			}
+	for j := 0; j < m; j++ {
+		if lowerByte(t[j]) != a.lit[j] {
+			return
 		}
-	} else if !bytes.Equal(t[:m], a.lit[:m]) {
-		return
 	}
 	if m < len(a.lit) { // a proper prefix reaches the end of data
 		if !final {
-			lim := i // a known value's prefix is never released
-			if a.lab == nil {
-				lim = len(data) // a keyword's prefix is harmless
-			}
-			sc.holdAt(i, lim)
+			sc.holdAt(i, len(data)) // a keyword's prefix is harmless
 		}
-		return
-	}
-	if a.lab != nil {
-		end := i + len(a.lit)
-		if a.b64 != 0 {
-			var pending bool
-			end, pending = b64Extend(data, end, a.b64, final)
-			if pending {
-				sc.holdAt(i, i)
-				return
-			}
-		}
-		sc.regs = append(sc.regs, region{start: i, end: end, mstart: i, mend: end, lab: a.lab})
 		return
 	}
 	next := i + len(a.lit)
@@ -262,39 +249,6 @@ func isWordByte(c int) bool {
 	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_'
 }
 
-func isB64Byte(c byte, alpha byte) bool {
-	switch {
-	case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
-		return true
-	case alpha == 's':
-		return c == '+' || c == '/'
-	default:
-		return c == '-' || c == '_'
-	}
-}
-
-// b64Extend extends a base64 core match at end over one more alphabet
-// character and up to two '='. pending: the end of data came first.
-func b64Extend(data []byte, end int, alpha byte, final bool) (int, bool) {
-	n := len(data)
-	if end == n {
-		return end, !final
-	}
-	if isB64Byte(data[end], alpha) {
-		end++
-	}
-	for range 2 {
-		if end == n {
-			return end, !final
-		}
-		if data[end] != '=' {
-			return end, false
-		}
-		end++
-	}
-	return end, false
-}
-
 // settle lowers sc.hold so that it cuts through no match extent, keeps
 // the regions before it, sorts and merges overlapping ones. When regions
 // overlap the earliest wins the label (on a tie known values, then rules
@@ -329,7 +283,11 @@ func (s *Set) settle(sc *scratch) {
 	out := regs[:0]
 	for _, r := range regs {
 		if k := len(out) - 1; k >= 0 && r.start < out[k].end {
+			// The merged region keeps both extents: a later settle (the
+			// hold moved out of an escape sequence) must see them.
 			out[k].end = max(out[k].end, r.end)
+			out[k].mstart = min(out[k].mstart, r.mstart)
+			out[k].mend = max(out[k].mend, r.mend)
 			continue
 		}
 		out = append(out, r)

@@ -1,15 +1,9 @@
 package scrub
 
 import (
-	"bytes"
-	"encoding/base64"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"net/url"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -26,6 +20,7 @@ type Set struct {
 	values  []namedValue // registered values, sorted by name then value
 	anchors []anchor
 	pf      *prefilter
+	kv      *kvIndex // nil without known values
 	reg     *registry
 	pool    sync.Pool // *scratch
 }
@@ -40,17 +35,12 @@ type label struct {
 	ctr  *atomic.Int64
 }
 
-// anchor is a literal the prefilter looks for: a rule keyword (fold: stored
-// in lower case, matched ASCII-case-insensitively; rules lists the rules it
-// triggers) or a known value or one of its encodings (lab; b64 says the
-// match extends over one more base64 character and padding).
+// anchor is a rule keyword the prefilter looks for (stored in lower case,
+// matched ASCII-case-insensitively; rules lists the rules it triggers).
 type anchor struct {
 	lit    []byte
-	fold   bool
 	rules  []int32
 	follow []byteSet // per rule: bytes that may follow the keyword in a match
-	lab    *label
-	b64    byte // 0, or the alphabet: 's' std, 'u' url
 }
 
 // registry holds the counters, shared by a Set and its WithValues children.
@@ -168,7 +158,7 @@ func (s *Set) build() {
 			if !ok {
 				ai = len(s.anchors)
 				kw[lk] = ai
-				s.anchors = append(s.anchors, anchor{lit: []byte(lk), fold: true})
+				s.anchors = append(s.anchors, anchor{lit: []byte(lk)})
 			}
 			a := &s.anchors[ai]
 			j := slices.Index(a.rules, int32(ri))
@@ -183,23 +173,14 @@ func (s *Set) build() {
 			}
 		}
 	}
-	lits := make(map[string]bool)
 	labs := make(map[string]*label)
 	for _, v := range s.values {
-		lab := labs[v.name]
-		if lab == nil {
+		if labs[v.name] == nil {
 			key := "value:" + v.name
-			lab = &label{repl: []byte("[REDACTED:" + v.name + "]"), key: key, ctr: s.reg.counter(key)}
-			labs[v.name] = lab
-		}
-		for _, e := range encodings(v.value) {
-			if lits[e.s] {
-				continue
-			}
-			lits[e.s] = true
-			s.anchors = append(s.anchors, anchor{lit: []byte(e.s), lab: lab, b64: e.b64, fold: e.fold})
+			labs[v.name] = &label{repl: []byte("[REDACTED:" + v.name + "]"), key: key, ctr: s.reg.counter(key)}
 		}
 	}
+	s.kv = newKVIndex(s.values, labs)
 	s.pf = newPrefilter(s.anchors, func(i int) byteSet {
 		var f byteSet
 		for _, ri := range s.anchors[i].rules {
@@ -209,169 +190,6 @@ func (s *Set) build() {
 		}
 		return f
 	})
-}
-
-type encoding struct {
-	s    string
-	b64  byte
-	fold bool // s is lower case and matches in any ASCII case
-}
-
-// encodings lists the literals that reveal v: v itself in any ASCII case
-// (hosts and many tools change case; swapped or title case reveal it as
-// well); hex in any case; URL query and path escaping; JSON string escaping (with and
-// without HTML escapes), Go %q, Python repr and JavaScript string literals,
-// and shell escaping (backslash and single-quote styles); base64 std and URL alphabets; for multi-line
-// values also the CRLF form and every line of at least MinValueLen bytes.
-//
-// Base64: v inside a longer encoded run sits at one of three alignments
-// (bytes before it mod 3). For each, the "stable core" is the run of
-// characters whose 6 bits all come from v; the character before the core
-// mixes bits of the previous byte and of v's first byte, so each of its
-// possible values (4 or 16) is also registered in front of the core. The
-// match then extends over the character after the core (it may carry v's
-// last bits) and '=' padding. Characters that encode only other bytes (e.g.
-// "dXNlcjo" for "user:") stay visible.
-func encodings(v string) []encoding {
-	var out []encoding
-	add := func(s string, b64 byte) {
-		if len(s) >= 3 && !slices.ContainsFunc(out, func(e encoding) bool { return e.s == s }) {
-			out = append(out, encoding{s: s, b64: b64})
-		}
-	}
-	addFold := func(s string) { out = append(out, encoding{s: asciiLower(s), fold: true}) }
-	addFold(v)
-	if strings.ContainsFunc(v, func(r rune) bool { return r >= 0x80 }) { // non-ASCII letters (or invalid UTF-8) change too
-		add(strings.ToLower(v), 0)
-		add(strings.ToUpper(v), 0)
-	}
-	addFold(hex.EncodeToString([]byte(v)))
-	add(url.QueryEscape(v), 0)
-	add(url.PathEscape(v), 0)
-	if j, err := json.Marshal(v); err == nil {
-		add(string(j[1:len(j)-1]), 0)
-	}
-	var jb bytes.Buffer
-	enc := json.NewEncoder(&jb)
-	enc.SetEscapeHTML(false)
-	if enc.Encode(v) == nil {
-		j := bytes.TrimSpace(jb.Bytes())
-		add(string(j[1:len(j)-1]), 0)
-	}
-	q := strconv.Quote(v)
-	add(q[1:len(q)-1], 0)
-	add(shellBackslash(v), 0)
-	if strings.ContainsAny(v, "\\'\"\n\r\t") {
-		// String literals as Python's repr and JavaScript's util.inspect
-		// print them: backslashes and controls escaped, and no quote, one
-		// kind or both escaped (each picks its quotes by the content).
-		for _, q := range []string{"", "'", `"`, `'"`} {
-			add(escapeLiteral(v, q), 0)
-		}
-	}
-	if strings.Contains(v, "'") {
-		add("'"+strings.ReplaceAll(v, "'", `'\''`)+"'", 0)
-	}
-	for _, alpha := range []struct {
-		enc *base64.Encoding
-		tag byte
-	}{{base64.RawStdEncoding, 's'}, {base64.RawURLEncoding, 'u'}} {
-		for _, c := range b64Cores([]byte(v), alpha.enc) {
-			add(c, alpha.tag)
-		}
-	}
-	if strings.Contains(v, "\n") {
-		if !strings.Contains(v, "\r\n") {
-			add(strings.ReplaceAll(v, "\n", "\r\n"), 0)
-		}
-		for _, line := range strings.Split(v, "\n") {
-			line = strings.TrimRight(line, "\r")
-			if len(line) >= MinValueLen {
-				add(line, 0)
-			}
-		}
-	}
-	return out
-}
-
-// asciiLower lowers ASCII letters only (strings.ToLower rewrites invalid
-// UTF-8 and folds other letters, neither of which the matcher's fold does).
-func asciiLower(s string) string {
-	b := []byte(s)
-	for i, c := range b {
-		b[i] = lowerByte(c)
-	}
-	return string(b)
-}
-
-// b64Cores returns, for the three alignments, the stable core and the
-// variants with each possible leading partial character.
-func b64Cores(v []byte, enc *base64.Encoding) []string {
-	var out []string
-	buf := make([]byte, 2+len(v))
-	for a := 0; a < 3; a++ {
-		b := buf[:a+len(v)]
-		clear(b[:a])
-		copy(b[a:], v)
-		s := enc.EncodeToString(b)
-		lo := (8*a + 5) / 6          // first character with all bits from v
-		hi := (8 * (a + len(v))) / 6 // end of the characters with all bits from v
-		if hi-lo < 4 {
-			continue
-		}
-		core := s[lo:hi]
-		out = append(out, core)
-		if a == 0 {
-			continue
-		}
-		seen := map[byte]bool{}
-		for p := 0; p < 256; p++ {
-			b[a-1] = byte(p)
-			c := enc.EncodeToString(b[:a+1])[lo-1]
-			if !seen[c] {
-				seen[c] = true
-				out = append(out, string(c)+core)
-			}
-		}
-	}
-	return out
-}
-
-// escapeLiteral escapes v as the body of a quoted string literal: a
-// backslash before '\\' and each quote in quotes, and \n, \r, \t for those
-// controls.
-func escapeLiteral(v, quotes string) string {
-	var b strings.Builder
-	for i := 0; i < len(v); i++ {
-		switch c := v[i]; {
-		case c == '\\' || strings.IndexByte(quotes, c) >= 0:
-			b.WriteByte('\\')
-			b.WriteByte(c)
-		case c == '\n':
-			b.WriteString(`\n`)
-		case c == '\r':
-			b.WriteString(`\r`)
-		case c == '\t':
-			b.WriteString(`\t`)
-		default:
-			b.WriteByte(c)
-		}
-	}
-	return b.String()
-}
-
-// shellBackslash escapes v the way bash's printf %q does for printable
-// text: a backslash before every byte outside [A-Za-z0-9_@%+=:,./-].
-func shellBackslash(v string) string {
-	var b strings.Builder
-	for i := 0; i < len(v); i++ {
-		c := v[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("_@%+=:,./-", c) >= 0) {
-			b.WriteByte('\\')
-		}
-		b.WriteByte(c)
-	}
-	return b.String()
 }
 
 // Redact redacts a whole buffer (the end of b is the end of the stream).

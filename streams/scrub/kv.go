@@ -1,0 +1,740 @@
+package scrub
+
+import (
+	"encoding/binary"
+	"slices"
+)
+
+// Known values are matched on the normalised stream (see doc.go): bytes
+// below 0x21 (space, tab, NUL, CR, LF, other controls) and terminal escape
+// sequences are separators and left out, ASCII letters are lowered. A
+// match is a substring of the normalised stream, at least m_f characters
+// long, that is also a substring of a form f of a value; m_f is what k
+// consecutive value bytes take in f. A run of separators longer than
+// kvGapMax bytes breaks a match. The redaction covers the match's first to
+// last character, separators between them included.
+//
+// Finding them: every 4-character substring ("gram") of every form is in
+// a hash table and a bitmap. The raw data is sampled every kv.stride bytes;
+// at a sample the next kvQ characters of the normalised stream are
+// gathered (directly from the 8 bytes there when none of them is a
+// separator, the common case) and looked up. A stride of at most
+// min(m_f)-kvQ+1 puts a sample in every match; a hit is verified and
+// extended both ways on a locally normalised window.
+const (
+	kvQ         = 4
+	kvGapMax    = 32 // longest run of separator bytes inside a match
+	kvBitsLog   = 22
+	kvMaxStride = 8 // a sample reads 8 bytes: every ESC is seen before a later sample lands in its sequence
+	csiMax      = 32
+	kvMinM      = 6
+)
+
+type kvForm struct {
+	s   []byte // normalised, lower case
+	m   int    // shortest match
+	lab *label
+	rep bool // some gram occurs twice in s
+}
+
+type kvOcc struct{ form, off int32 }
+
+// kvIndex is the compiled known values of a Set (immutable).
+type kvIndex struct {
+	forms  []kvForm
+	bits   []uint64 // 2^kvBitsLog bits: folded grams
+	tab    gramTable
+	one    byteSet  // lower-case characters of the forms
+	two    []uint64 // 2^16 bits: 2-character substrings
+	three  []uint64 // 2^20 bits (hashed): 3-character substrings
+	stride int
+}
+
+// sepClass: 0 a character, 1 a separator byte, 2 ESC.
+var sepClass = func() (t [256]byte) {
+	for c := 0; c < 0x21; c++ {
+		t[c] = 1
+	}
+	t[0x1b] = 2
+	return
+}()
+
+// normForm lowers ASCII letters and drops separator bytes.
+func normForm(s string) []byte {
+	var b []byte
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c >= 0x21 {
+			b = append(b, lowerByte(c))
+		}
+	}
+	return b
+}
+
+func newKVIndex(values []namedValue, labs map[string]*label) *kvIndex {
+	kv := &kvIndex{bits: make([]uint64, 1<<(kvBitsLog-6)), two: make([]uint64, 1<<10), three: make([]uint64, 1<<14)}
+	seen := map[string]int{} // form string -> index in kv.forms
+	add := func(s []byte, m int, lab *label) {
+		m = max(m, min(kvMinM, len(s)))
+		if len(s) < kvQ || m > len(s) || m < kvQ {
+			return
+		}
+		if i, ok := seen[string(s)]; ok {
+			if f := &kv.forms[i]; f.lab == lab {
+				f.m = min(f.m, m)
+				return
+			}
+		}
+		seen[string(s)] = len(kv.forms)
+		kv.forms = append(kv.forms, kvForm{s: s, m: m, lab: lab})
+	}
+	for _, v := range values {
+		lab := labs[v.name]
+		k := KnownRun(len(v.value))
+		for _, f := range valueForms([]byte(v.value)) {
+			var s []byte
+			ends := make([]int, 0, len(f.pieces)+1) // ends[i]: len(s) before piece i
+			for _, p := range f.pieces {
+				ends = append(ends, len(s))
+				s = append(s, normForm(p)...)
+			}
+			ends = append(ends, len(s))
+			m := -1
+			for i := 0; i+k < len(ends); i++ {
+				if l := ends[i+k] - ends[i]; m < 0 || l < m {
+					m = l
+				}
+			}
+			add(s, m, lab)
+		}
+		for _, f := range b64Forms([]byte(v.value), k) {
+			add(normForm(f.core), f.m, lab)
+		}
+	}
+	if len(kv.forms) == 0 {
+		return nil
+	}
+	minM := kvMaxStride + kvQ - 1
+	grams := map[uint32][]kvOcc{}
+	for fi := range kv.forms {
+		f := &kv.forms[fi]
+		minM = min(minM, f.m)
+		fs := map[uint32]bool{}
+		for j := 0; j+kvQ <= len(f.s); j++ {
+			key := binary.LittleEndian.Uint32(f.s[j:]) | fold4
+			if fs[key] {
+				f.rep = true
+			}
+			fs[key] = true
+			grams[key] = append(grams[key], kvOcc{int32(fi), int32(j)})
+			h := kvHash(key)
+			kv.bits[h>>6] |= 1 << (h & 63)
+		}
+		for j, c := range f.s {
+			kv.one.add(c)
+			if j+1 < len(f.s) {
+				x := uint32(c) | uint32(f.s[j+1])<<8
+				kv.two[x>>6] |= 1 << (x & 63)
+			}
+			if j+2 < len(f.s) {
+				x := hash3(uint32(c) | uint32(f.s[j+1])<<8 | uint32(f.s[j+2])<<16)
+				kv.three[x>>6] |= 1 << (x & 63)
+			}
+		}
+	}
+	kv.stride = max(1, min(kvMaxStride, minM-kvQ+1))
+	kv.tab.build(grams)
+	return kv
+}
+
+func kvHash(key uint32) uint32 { return (key * hashMul) >> (32 - kvBitsLog) }
+
+func hash3(x uint32) uint32 { return (x * 0x85EBCA77) >> (32 - 20) }
+
+func (kv *kvIndex) test(key uint32) bool {
+	h := kvHash(key)
+	return kv.bits[h>>6]&(1<<(h&63)) != 0
+}
+
+// gramTable maps a folded gram to its occurrences in the forms.
+type gramTable struct {
+	slots []gramSlot // power of two; n == 0: empty
+	mask  uint32
+	occ   []kvOcc
+}
+
+type gramSlot struct {
+	key    uint32
+	off, n int32
+}
+
+func (t *gramTable) build(m map[uint32][]kvOcc) {
+	n := 16
+	for n < 2*len(m) {
+		n *= 2
+	}
+	t.slots = make([]gramSlot, n)
+	t.mask = uint32(n - 1)
+	keys := make([]uint32, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys) // deterministic layout
+	for _, k := range keys {
+		h := winHash(k) & t.mask
+		for t.slots[h].n != 0 {
+			h = (h + 1) & t.mask
+		}
+		t.slots[h] = gramSlot{k, int32(len(t.occ)), int32(len(m[k]))}
+		t.occ = append(t.occ, m[k]...)
+	}
+}
+
+func (t *gramTable) get(key uint32) []kvOcc {
+	for h := winHash(key) & t.mask; ; h = (h + 1) & t.mask {
+		sl := &t.slots[h]
+		if sl.n == 0 {
+			return nil
+		}
+		if sl.key == key {
+			return t.occ[sl.off : sl.off+sl.n]
+		}
+	}
+}
+
+// seqEnd returns the end of the escape sequence starting with ESC at
+// data[i]: a CSI (ESC '[', parameter and intermediate bytes 0x20-0x3f,
+// one final byte 0x40-0x7e, at most csiMax bytes) or ESC and one byte
+// 0x20-0x7e; ESC alone otherwise. pending: the end of data came before the
+// sequence's end was decided.
+func seqEnd(data []byte, i int) (end int, pending bool) {
+	n := len(data)
+	if i+1 >= n {
+		return i + 1, true
+	}
+	c := data[i+1]
+	if c != '[' {
+		if c >= 0x20 && c <= 0x7e {
+			return i + 2, false
+		}
+		return i + 1, false
+	}
+	for j := i + 2; j < i+csiMax && j <= n; j++ {
+		if j == n {
+			return i + 1, true
+		}
+		switch c := data[j]; {
+		case c >= 0x20 && c <= 0x3f:
+		case c >= 0x40 && c <= 0x7e:
+			return j + 1, false
+		default:
+			return i + 1, false
+		}
+	}
+	return i + 1, false
+}
+
+// safeStart returns a position <= p from which classifying data forward
+// gives the same result as from the start: p itself unless an ESC in the
+// csiMax bytes before p begins a sequence that reaches past p; then that
+// ESC. (A sequence ends at the next ESC, so the last one decides.)
+func safeStart(data []byte, p int) int {
+	lo := max(0, p-csiMax)
+	for j := p - 1; j >= lo; j-- {
+		if data[j] == 0x1b {
+			if e, _ := seqEnd(data, j); e > p {
+				return j
+			}
+			return p
+		}
+	}
+	return p
+}
+
+// kvScratch is a scan's known-value state.
+type kvScratch struct {
+	// The normalised window data[ws:we]: characters (lower case, 0 for a
+	// break), their positions, and whether each is optional (the final
+	// byte of an escape sequence: a terminal hides it, a raw reader sees
+	// it, so a match may take it or skip it).
+	ws, we int
+	nb     []byte
+	np     []int32
+	opt    []bool
+	found  []kvFound
+	st, nx []int32 // extension state sets
+}
+
+type kvFound struct {
+	form       int32
+	start, end int // raw
+}
+
+// normalize fills the window with data[from:to]; from must be a safe start.
+// A break (0 in nb) marks a separator run longer than kvGapMax before a
+// character; a run cut by the window's start is not marked.
+func (st *kvScratch) normalize(data []byte, from, to int) {
+	st.ws, st.we = from, to
+	st.nb, st.np, st.opt = st.nb[:0], st.np[:0], st.opt[:0]
+	gap, gapStart := 0, from
+	for i := from; i < to; {
+		c := data[i]
+		switch sepClass[c] {
+		case 0:
+			if gap > kvGapMax && gapStart > from {
+				st.push(0, gapStart, false)
+			}
+			gap = 0
+			st.push(lowerByte(c), i, false)
+			i++
+		case 1:
+			if gap == 0 {
+				gapStart = i
+			}
+			gap++
+			i++
+		default:
+			if gap == 0 {
+				gapStart = i
+			}
+			e, _ := seqEnd(data, i)
+			if e > i+1 && e <= to {
+				st.push(lowerByte(data[e-1]), e-1, true)
+			}
+			gap += e - i
+			i = e
+		}
+	}
+}
+
+func (st *kvScratch) push(c byte, p int, opt bool) {
+	st.nb = append(st.nb, c)
+	st.np = append(st.np, int32(p))
+	st.opt = append(st.opt, opt)
+}
+
+// trailing reports whether more input could continue a match whose last
+// character ends at p: only separators and escape sequences follow to the
+// end of data, no more than kvGapMax bytes of them, or a sequence still
+// undecided (escAt: its ESC).
+func trailing(data []byte, p int, final bool) (open bool, escAt int) {
+	if final {
+		return false, -1
+	}
+	gap := 0
+	for i := p; i < len(data); {
+		switch sepClass[data[i]] {
+		case 0:
+			return false, -1
+		case 1:
+			gap++
+			i++
+		default:
+			e, pend := seqEnd(data, i)
+			if pend {
+				return true, i
+			}
+			gap += e - i
+			i = e
+		}
+	}
+	return gap <= kvGapMax, -1
+}
+
+// index returns the window index of the first character at or after raw p.
+func (st *kvScratch) index(p int) int {
+	i, _ := slices.BinarySearch(st.np, int32(p))
+	return i
+}
+
+// window makes sure the window covers raw [lo, hi) (clipped to data).
+func (st *kvScratch) window(data []byte, lo, hi int) {
+	lo, hi = max(0, lo), min(len(data), hi)
+	if st.we >= 0 && st.ws <= lo && hi <= st.we {
+		return
+	}
+	if st.we >= 0 {
+		lo, hi = min(lo, st.ws), max(hi, st.we)
+	}
+	st.normalize(data, safeStart(data, lo), hi)
+}
+
+func (st *kvScratch) grow(data []byte, left bool) {
+	d := 2*(st.we-st.ws) + 64
+	if left {
+		st.window(data, st.ws-d, st.we)
+	} else {
+		st.window(data, st.ws, st.we+d)
+	}
+}
+
+// scanKV finds the known-value matches of data (appending regions to
+// sc.regs) and, unless final, holds what could still become one.
+func (s *Set) scanKV(sc *scratch, data []byte, final bool) {
+	kv := s.kv
+	st := &sc.kvs
+	st.found = st.found[:0]
+	st.ws, st.we = 0, -1
+	n := len(data)
+	stride := kv.stride
+	var esc escSpan
+	p := 0
+	for ; p+8 <= n; p += stride {
+		w := binary.LittleEndian.Uint64(data[p:])
+		if sepMask(w) == 0 && esc.inside(p) < 0 {
+			if key := uint32(w) | fold4; kv.test(key) {
+				s.kvHit(sc, data, p, key, final)
+			}
+			continue
+		}
+		s.kvSample(sc, data, p, &esc, final)
+	}
+	for ; p < n; p += stride {
+		s.kvSample(sc, data, p, &esc, final)
+	}
+	if !final {
+		s.kvTail(sc, data)
+	}
+}
+
+// escSpan remembers the last escape sequences the samples saw (a sample
+// reads 8 bytes, so a later sample may land inside one of them).
+type escSpan struct {
+	s   [4][2]int // [start, end)
+	n   int
+	end int // the end of the last one
+}
+
+// inside returns the end of the sequence p is inside (past its ESC), or -1.
+func (e *escSpan) inside(p int) int {
+	if p >= e.end {
+		return -1
+	}
+	for _, sp := range e.s {
+		if sp[0] < p && p < sp[1] {
+			return sp[1]
+		}
+	}
+	return -1
+}
+
+func (e *escSpan) see(data []byte, i int) int {
+	end, _ := seqEnd(data, i)
+	if end > e.end {
+		e.s[e.n&3] = [2]int{i, end}
+		e.n++
+		e.end = end
+	}
+	return end
+}
+
+func (s *Set) kvSample(sc *scratch, data []byte, p int, esc *escSpan, final bool) {
+	g, key, g2, key2, ok, ok2 := gather(data, p, esc)
+	if ok && s.kv.test(key) {
+		s.kvHit(sc, data, g, key, final)
+	}
+	if ok2 && s.kv.test(key2) {
+		s.kvHit(sc, data, g2, key2, final)
+	}
+}
+
+// sepMask has the high bit of each byte of w below 0x21 set.
+func sepMask(w uint64) uint64 {
+	const lo7 = 0x7f7f7f7f7f7f7f7f
+	t := (w & lo7) + 0x5f5f5f5f5f5f5f5f // high bit set iff low 7 bits >= 0x21
+	return ^(t | w) & 0x8080808080808080
+}
+
+// gather returns the next kvQ characters of the normalised stream from
+// raw p (folded with |0x20) and the position of the first, skipping escape
+// sequences whole; when it passed one, also the gram that takes their final
+// bytes as characters (key2; from inside a sequence, its final byte comes
+// first). It records the sequences it sees in esc. ok is false when the
+// data ends first. A break restarts a gram after it.
+func gather(data []byte, p int, esc *escSpan) (first int, key uint32, first2 int, key2 uint32, ok, ok2 bool) {
+	n := len(data)
+	got, got2, gap := 0, 0, 0
+	seq := false
+	i := p
+	if e := esc.inside(p); e >= 0 { // a sequence seen before
+		i = e
+		if f := i - 1; f > p && sepClass[data[f]] == 0 && data[f] != '[' {
+			seq = true
+			first2, key2, got2 = f, uint32(data[f]|0x20), 1
+		}
+	}
+	for ; i < n && (got < kvQ || seq && got2 < kvQ); i++ {
+		c := data[i]
+		switch sepClass[c] {
+		case 0:
+			if got == 0 {
+				first = i
+			}
+			if got2 == 0 {
+				first2 = i
+			}
+			if got < kvQ {
+				key |= uint32(c|0x20) << (8 * got)
+				got++
+			}
+			if got2 < kvQ {
+				key2 |= uint32(c|0x20) << (8 * got2)
+				got2++
+			}
+			gap = 0
+		case 1:
+			gap++
+		default:
+			e := esc.see(data, i)
+			if e > i+1 {
+				seq = true
+				if got2 == 0 {
+					first2 = e - 1
+				}
+				if got2 < kvQ {
+					key2 |= uint32(data[e-1]|0x20) << (8 * got2)
+					got2++
+				}
+			}
+			gap += e - i
+			i = e - 1
+		}
+		if gap > kvGapMax {
+			if got > 0 && got < kvQ {
+				got, key = 0, 0
+			}
+			if got2 > 0 && got2 < kvQ {
+				got2, key2 = 0, 0
+			}
+		}
+	}
+	// Sequences later in the 8 bytes this sample covers.
+	for j := max(i, esc.end); j < min(p+8, n); j++ {
+		if data[j] == 0x1b {
+			j = esc.see(data, j) - 1
+		}
+	}
+	return first, key, first2, key2, got == kvQ, seq && got2 == kvQ
+}
+
+// kvHit verifies a sampled gram whose first character is at raw g.
+func (s *Set) kvHit(sc *scratch, data []byte, g int, key uint32, final bool) {
+	kv := s.kv
+	occs := kv.tab.get(key)
+	if len(occs) == 0 {
+		return
+	}
+	st := &sc.kvs
+	for _, o := range occs {
+		f := &kv.forms[o.form]
+		if !f.rep && st.covered(o.form, g) {
+			continue
+		}
+		st.window(data, g-64, g+4*64)
+		start, end, ok := s.kvExtend(sc, data, g, f, int(o.off))
+		if !ok {
+			continue
+		}
+		st.found = append(st.found, kvFound{o.form, start, end})
+		if open, _ := trailing(data, end, final); open {
+			continue // may extend: kvTail holds it
+		}
+		sc.regs = append(sc.regs, region{start: start, end: end, mstart: start, mend: end, lab: f.lab})
+	}
+}
+
+// covered: a found match of form fi already contains the character at g
+// and the three after it (forms without a repeated gram have one
+// alignment per gram, so it is the same match).
+func (st *kvScratch) covered(fi int32, g int) bool {
+	for i := len(st.found) - 1; i >= 0 && i >= len(st.found)-8; i-- {
+		f := &st.found[i]
+		if f.form == fi && f.start <= g && g+kvQ <= f.end {
+			return true
+		}
+	}
+	return false
+}
+
+// kvExtend extends the gram at raw g, aligned with f.s[off:], both ways to
+// the longest match (optional characters taken or skipped); ok if it is at
+// least f.m characters of f. It returns the raw extent from the first to
+// past the last character taken.
+func (s *Set) kvExtend(sc *scratch, data []byte, g int, f *kvForm, off int) (start, end int, ok bool) {
+	st := &sc.kvs
+	for {
+		i := st.index(g)
+		if i >= len(st.nb) {
+			if st.we == len(data) {
+				return 0, 0, false
+			}
+			st.grow(data, false)
+			continue
+		}
+		rj, ri, edge := st.extend(f.s, i, off, 1)
+		if edge && st.we < len(data) {
+			st.grow(data, false)
+			continue
+		}
+		if rj-off < kvQ {
+			return 0, 0, false // a fold collision or a break: not the gram
+		}
+		lj, li, edge := st.extend(f.s, i-1, off-1, -1)
+		if edge && st.ws > 0 {
+			st.grow(data, true)
+			continue
+		}
+		// lj: the form offset before the first taken (-1 = none), li its index.
+		if rj-(lj+1) < f.m {
+			return 0, 0, false
+		}
+		return int(st.np[li]), int(st.np[ri]) + 1, true
+	}
+}
+
+// extend runs the form s against the window from index i and form offset
+// j in direction dir (+1 right, -1 left), optional characters taken or
+// skipped. It returns the farthest form offset reached by taking a
+// character (right: the end, exclusive; left: the offset before the first
+// taken) and the window index of that character (i - dir if none), and
+// whether it ran into the window's edge with states alive.
+func (st *kvScratch) extend(s []byte, i, j, dir int) (bestJ, bestI int, edge bool) {
+	bestJ, bestI = j, i-dir
+	if dir < 0 {
+		bestJ, bestI = j, i+1
+	}
+	cur := append(st.st[:0], int32(j))
+	for ; len(cur) > 0; i += dir {
+		if i < 0 || i >= len(st.nb) {
+			edge = true
+			break
+		}
+		c := st.nb[i]
+		nx := st.nx[:0]
+		for _, sj := range cur {
+			if sj >= 0 && int(sj) < len(s) && s[sj] == c && !slices.Contains(nx, sj+int32(dir)) {
+				nx = append(nx, sj+int32(dir))
+			}
+		}
+		if st.opt[i] {
+			for _, sj := range cur {
+				if !slices.Contains(nx, sj) && len(nx) < 8 {
+					nx = append(nx, sj)
+				}
+			}
+		}
+		for _, sj := range nx {
+			if dir > 0 && int(sj) > bestJ || dir < 0 && int(sj) < bestJ {
+				bestJ, bestI = int(sj), i
+			}
+		}
+		st.st, st.nx = nx, cur
+		cur = nx
+	}
+	return bestJ, bestI, edge
+}
+
+// kvTail holds the end of data from where a match could still begin or
+// extend: the longest suffix of the normalised data (followed only by
+// separators, no break) that is a substring of a form. A match (m_f or
+// longer) is held whole; a shorter candidate may be released by Flush (it
+// shows fewer than k characters) and stays as context. An undecided escape
+// sequence at the end is held too (Flush may release it).
+func (s *Set) kvTail(sc *scratch, data []byte) {
+	kv := s.kv
+	st := &sc.kvs
+	n := len(data)
+	st.window(data, n-4*csiMax, n)
+	// the last plain character
+	last := len(st.nb) - 1
+	for last >= 0 && st.opt[last] {
+		last--
+	}
+	from := n
+	if last >= 0 {
+		if st.nb[last] == 0 {
+			last = -1
+		} else {
+			from = int(st.np[last]) + 1
+		}
+	}
+	open, escAt := trailing(data, from, false)
+	if escAt >= 0 {
+		sc.holdAt(escAt, n)
+	}
+	if last < 0 || !open {
+		return
+	}
+	lastPos := int(st.np[last])
+	st.window(data, lastPos-64, n)
+	i := st.index(lastPos)
+	// The last kvQ plain characters as a gram, extended left along each
+	// of its occurrences.
+	var t [kvQ]byte
+	got := 0
+	for x := i; x >= 0 && got < kvQ; x-- {
+		if st.nb[x] == 0 {
+			break
+		}
+		if !st.opt[x] {
+			got++
+			t[kvQ-got] = st.nb[x]
+		}
+	}
+	if got == kvQ {
+		for _, o := range kv.tab.get(binary.LittleEndian.Uint32(t[:]) | fold4) {
+			f := &kv.forms[o.form]
+			off := int(o.off) + kvQ - 1 // f.s[off] is the last character
+			for {
+				i = st.index(lastPos)
+				lj, li, edge := st.extend(f.s, i, off, -1)
+				if edge && st.ws > 0 {
+					st.grow(data, true)
+					continue
+				}
+				if l := off - lj; l >= kvQ {
+					p := int(st.np[li])
+					if l >= f.m {
+						sc.holdAt(p, p)
+					} else {
+						sc.holdAt(p, n)
+					}
+				}
+				break
+			}
+		}
+	}
+	// Shorter suffixes: one to three plain characters of some form.
+	i = st.index(lastPos)
+	got = 0
+	for x := i; x >= 0 && got < 3; x-- {
+		if st.nb[x] == 0 {
+			break
+		}
+		if !st.opt[x] {
+			got++
+			t[3-got] = st.nb[x]
+			if kv.hasShort(t[3-got : 3]) {
+				// optional characters just before may belong to it too
+				y := x
+				for y > 0 && st.opt[y-1] {
+					y--
+				}
+				sc.holdAt(int(st.np[y]), n)
+			}
+		}
+	}
+}
+
+// hasShort: t (1..3 lower-case characters) is a substring of some form
+// (3: possibly a hash collision, which only holds more).
+func (kv *kvIndex) hasShort(t []byte) bool {
+	switch len(t) {
+	case 1:
+		return kv.one.has(t[0])
+	case 2:
+		x := uint32(t[0]) | uint32(t[1])<<8
+		return kv.two[x>>6]&(1<<(x&63)) != 0
+	}
+	x := hash3(uint32(t[0]) | uint32(t[1])<<8 | uint32(t[2])<<16)
+	return kv.three[x>>6]&(1<<(x&63)) != 0
+}

@@ -1,0 +1,216 @@
+package scrub
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"net/url"
+	"strconv"
+	"strings"
+	"unicode/utf16"
+	"unicode/utf8"
+)
+
+// KnownRun returns k for a known value of n bytes: no run of k or more
+// consecutive bytes of the value reaches a client, in any registered form.
+// 12 for values of 24 bytes or more; half the value (rounded up) for 16..23;
+// 8 for 8..15 (so a split of a short value into two halves may show both);
+// the whole value below 8. Shorter runs would redact ordinary text.
+func KnownRun(n int) int {
+	switch {
+	case n >= 24:
+		return 12
+	case n >= 16:
+		return (n + 1) / 2
+	case n >= 8:
+		return 8
+	}
+	return n
+}
+
+// formSpec is a form of a value before normalisation: the encoding of each
+// value byte (a multi-byte character's encoding is given to its first byte,
+// its other bytes encode to ""), so any k consecutive value bytes map to a
+// known piece of the form.
+type formSpec struct {
+	name   string
+	pieces []string
+}
+
+// b64Form is a base64 form: the characters whose 6 bits all come from the
+// value, for one alignment (bytes before the value mod 3) and alphabet, and
+// the fewest of them k consecutive value bytes produce.
+type b64Form struct {
+	core string
+	m    int
+}
+
+// valueForms lists the forms of v (see doc.go): the value, reversed,
+// escapes and per-byte encodings. Pieces are not yet normalised.
+func valueForms(v []byte) []formSpec {
+	type unit struct {
+		b []byte // the value's bytes of one character (one byte if invalid UTF-8)
+		r rune   // utf8.RuneError for an invalid byte
+	}
+	var units []unit
+	for i := 0; i < len(v); {
+		r, size := utf8.DecodeRune(v[i:])
+		units = append(units, unit{v[i : i+size], r})
+		i += size
+	}
+	perUnit := func(name string, enc func(u unit) string) formSpec {
+		f := formSpec{name: name}
+		for _, u := range units {
+			f.pieces = append(f.pieces, enc(u))
+			for range len(u.b) - 1 {
+				f.pieces = append(f.pieces, "")
+			}
+		}
+		return f
+	}
+	perByte := func(name string, enc func(c byte) string) formSpec {
+		f := formSpec{name: name}
+		for _, c := range v {
+			f.pieces = append(f.pieces, enc(c))
+		}
+		return f
+	}
+	jsonEsc := func(html bool) func(u unit) string {
+		return func(u unit) string {
+			var sb strings.Builder
+			e := json.NewEncoder(&sb)
+			e.SetEscapeHTML(html)
+			s := string(u.b)
+			if e.Encode(s) != nil {
+				return s
+			}
+			j := strings.TrimSpace(sb.String())
+			return j[1 : len(j)-1]
+		}
+	}
+	out := []formSpec{
+		perByte("value", func(c byte) string { return string([]byte{c}) }),
+		perByte("hex", func(c byte) string { return fmt.Sprintf("%02x", c) }),
+		perByte("hex-colon", func(c byte) string { return fmt.Sprintf("%02x:", c) }),
+		perByte("percent", func(c byte) string { return fmt.Sprintf("%%%02x", c) }),
+		perByte("backslash-x", func(c byte) string { return fmt.Sprintf(`\x%02x`, c) }),
+		perByte("0x-list", func(c byte) string { return fmt.Sprintf("0x%02x,", c) }),
+		perByte("decimal-list", func(c byte) string { return fmt.Sprintf("%d,", c) }),
+		perByte("url-query", func(c byte) string { return url.QueryEscape(string([]byte{c})) }),
+		perByte("url-path", func(c byte) string { return url.PathEscape(string([]byte{c})) }),
+		perByte("shell", func(c byte) string { return shellBackslash(string([]byte{c})) }),
+		perByte("shell-single", func(c byte) string {
+			if c == '\'' {
+				return `'\''`
+			}
+			return string([]byte{c})
+		}),
+		perUnit("json", jsonEsc(true)),
+		perUnit("json-nohtml", jsonEsc(false)),
+		perUnit("go-quote", func(u unit) string { q := strconv.Quote(string(u.b)); return q[1 : len(q)-1] }),
+		perUnit("utf16", func(u unit) string {
+			if u.r == utf8.RuneError && len(u.b) == 1 {
+				return string(u.b)
+			}
+			var b []byte
+			for _, w := range utf16.Encode([]rune{u.r}) {
+				b = append(b, byte(w), byte(w>>8))
+			}
+			return string(b)
+		}),
+		perUnit("py-list", func(u unit) string {
+			if string(u.b) == "'" {
+				return `"'",`
+			}
+			return "'" + escapeLiteral(string(u.b), "'") + "',"
+		}),
+		perUnit("json-list", func(u unit) string { return `"` + jsonEsc(false)(u) + `",` }),
+	}
+	// String literals as Python's repr and JavaScript's util.inspect print
+	// them: backslashes and controls escaped, and no quote, one kind or
+	// both escaped (each picks its quotes by the content).
+	for _, q := range []string{"", "'", `"`, `'"`} {
+		out = append(out, perByte("literal"+q, func(c byte) string { return escapeLiteral(string([]byte{c}), q) }))
+	}
+	if strings.ContainsFunc(string(v), func(r rune) bool { return r >= 0x80 }) {
+		// Non-ASCII letters (and invalid UTF-8, which becomes U+FFFD) change
+		// in Unicode case mapping (a proxy lowering a host name).
+		out = append(out, perUnit("lower", func(u unit) string { return strings.ToLower(string(u.b)) }),
+			perUnit("upper", func(u unit) string { return strings.ToUpper(string(u.b)) }))
+	}
+	// Reversed as rev(1) reverses: by character.
+	rev := formSpec{name: "reversed"}
+	for i := len(units) - 1; i >= 0; i-- {
+		rev.pieces = append(rev.pieces, string(units[i].b))
+		for range len(units[i].b) - 1 {
+			rev.pieces = append(rev.pieces, "")
+		}
+	}
+	return append(out, rev)
+}
+
+// b64Forms returns the base64 cores of v for the three alignments and both
+// alphabets with, for each, the fewest core characters k consecutive value
+// bytes fully determine (wherever they sit in v).
+func b64Forms(v []byte, k int) []b64Form {
+	var out []b64Form
+	buf := make([]byte, 2+len(v))
+	for _, enc := range []*base64.Encoding{base64.RawStdEncoding, base64.RawURLEncoding} {
+		for a := 0; a < 3; a++ {
+			b := buf[:a+len(v)]
+			clear(b[:a])
+			copy(b[a:], v)
+			s := enc.EncodeToString(b)
+			lo := (8*a + 5) / 6
+			hi := (8 * (a + len(v))) / 6
+			m := -1
+			for i := 0; i+k <= len(v); i++ {
+				l := (8*(a+i+k))/6 - (8*(a+i)+5)/6
+				if m < 0 || l < m {
+					m = l
+				}
+			}
+			if hi > lo && m > 0 {
+				out = append(out, b64Form{core: s[lo:hi], m: m})
+			}
+		}
+	}
+	return out
+}
+
+// escapeLiteral escapes v as the body of a quoted string literal: a
+// backslash before '\\' and each quote in quotes, and \n, \r, \t for those
+// controls.
+func escapeLiteral(v, quotes string) string {
+	var b strings.Builder
+	for i := 0; i < len(v); i++ {
+		switch c := v[i]; {
+		case c == '\\' || strings.IndexByte(quotes, c) >= 0:
+			b.WriteByte('\\')
+			b.WriteByte(c)
+		case c == '\n':
+			b.WriteString(`\n`)
+		case c == '\r':
+			b.WriteString(`\r`)
+		case c == '\t':
+			b.WriteString(`\t`)
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
+}
+
+// shellBackslash escapes v the way bash's printf %q does for printable
+// text: a backslash before every byte outside [A-Za-z0-9_@%+=:,./-].
+func shellBackslash(v string) string {
+	var b strings.Builder
+	for i := 0; i < len(v); i++ {
+		c := v[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("_@%+=:,./-", c) >= 0) {
+			b.WriteByte('\\')
+		}
+		b.WriteByte(c)
+	}
+	return b.String()
+}
