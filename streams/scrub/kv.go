@@ -1,6 +1,7 @@
 package scrub
 
 import (
+	"bytes"
 	"encoding/binary"
 	"slices"
 )
@@ -352,12 +353,10 @@ func (st *kvScratch) window(data []byte, lo, hi int) {
 	if st.we >= 0 && st.ws <= lo && hi <= st.we {
 		return
 	}
-	if st.we >= 0 {
-		lo, hi = min(lo, st.ws), max(hi, st.we)
-	}
 	st.normalize(data, safeStart(data, lo), hi)
 }
 
+// grow doubles the window to one side (an extension reached its edge).
 func (st *kvScratch) grow(data []byte, left bool) {
 	d := 2*(st.we-st.ws) + 64
 	if left {
@@ -524,12 +523,34 @@ func (s *Set) kvHit(sc *scratch, data []byte, g int, key uint32, final bool) {
 		return
 	}
 	st := &sc.kvs
+	plain := g+kvQ <= len(data) && sepClass[data[g]]|sepClass[data[g+1]]|sepClass[data[g+2]]|sepClass[data[g+3]] == 0
+	// The bytes around the gram, when they are plain and no escape
+	// sequence is near (then neither can be a sequence's final byte): an
+	// occurrence whose form differs on both sides extends to four only.
+	prev, next := -1, -1
+	if plain && g >= csiMax+1 && g+kvQ < len(data) && bytes.IndexByte(data[g-csiMax-1:g+kvQ+1], 0x1b) < 0 {
+		if c := data[g-1]; sepClass[c] == 0 {
+			prev = int(lowerByte(c))
+		}
+		if c := data[g+kvQ]; sepClass[c] == 0 {
+			next = int(lowerByte(c))
+		}
+	}
 	for _, o := range occs {
 		f := &kv.forms[o.form]
+		if prev >= 0 && next >= 0 && f.m > kvQ {
+			j := int(o.off)
+			if (j == 0 || int(f.s[j-1]) != prev) && (j+kvQ == len(f.s) || int(f.s[j+kvQ]) != next) {
+				continue
+			}
+		}
 		if !f.rep && st.covered(o.form, g) {
 			continue
 		}
-		st.window(data, g-64, g+4*64)
+		if plain && quickReject(data, g, f, int(o.off)) {
+			continue
+		}
+		st.window(data, g-32, g+96)
 		start, end, ok := s.kvExtend(sc, data, g, f, int(o.off))
 		if !ok {
 			continue
@@ -540,6 +561,44 @@ func (s *Set) kvHit(sc *scratch, data []byte, g int, key uint32, final bool) {
 		}
 		sc.regs = append(sc.regs, region{start: start, end: end, mstart: start, mend: end, lab: f.lab})
 	}
+}
+
+// quickReject decides on the raw bytes, without normalising, that the
+// gram at g (four plain bytes) extends to fewer than f.m characters: both
+// ways the walk stops at a plain byte that differs from the form and is
+// not part of an escape sequence (or at the form's ends). Anything else
+// (a separator, an escape sequence, the end of data) goes the full way.
+func quickReject(data []byte, g int, f *kvForm, off int) bool {
+	n := len(data)
+	r := kvQ
+	for off+r < len(f.s) {
+		if g+r == n {
+			return false
+		}
+		c := data[g+r]
+		if sepClass[c] != 0 {
+			return false
+		}
+		if lowerByte(c) != f.s[off+r] {
+			break
+		}
+		r++
+	}
+	l := 0
+	for off-l-1 >= 0 {
+		x := g - l - 1
+		if x < 0 || sepClass[data[x]] != 0 {
+			return false
+		}
+		if lowerByte(data[x]) != f.s[off-l-1] {
+			if safeStart(data, x) != x {
+				return false // x may be a sequence's final byte
+			}
+			break
+		}
+		l++
+	}
+	return l+r < f.m
 }
 
 // covered: a found match of form fi already contains the character at g

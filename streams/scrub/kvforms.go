@@ -98,7 +98,7 @@ func valueForms(v []byte) []formSpec {
 		perByte("decimal-list", func(c byte) string { return fmt.Sprintf("%d,", c) }),
 		perByte("url-query", func(c byte) string { return url.QueryEscape(string([]byte{c})) }),
 		perByte("url-path", func(c byte) string { return url.PathEscape(string([]byte{c})) }),
-		perByte("shell", func(c byte) string { return shellBackslash(string([]byte{c})) }),
+		perShell(v),
 		perByte("shell-single", func(c byte) string {
 			if c == '\'' {
 				return `'\''`
@@ -124,7 +124,7 @@ func valueForms(v []byte) []formSpec {
 			}
 			return "'" + escapeLiteral(string(u.b), "'") + "',"
 		}),
-		perUnit("json-list", func(u unit) string { return `"` + jsonEsc(false)(u) + `",` }),
+		perByte("json-u", func(c byte) string { return fmt.Sprintf(`\u%04x`, c) }),
 	}
 	// String literals as Python's repr and JavaScript's util.inspect print
 	// them: backslashes and controls escaped, and no quote, one kind or
@@ -147,6 +147,19 @@ func valueForms(v []byte) []formSpec {
 		}
 	}
 	return append(out, rev)
+}
+
+// perShell is bash's printf %q of v, per byte.
+func perShell(v []byte) formSpec {
+	f := formSpec{name: "shell"}
+	for i, c := range v {
+		p := shellBackslash(string([]byte{c}))
+		if i > 0 && (c == '#' || c == '~') {
+			p = string([]byte{c})
+		}
+		f.pieces = append(f.pieces, p)
+	}
+	return f
 }
 
 // b64Forms returns the base64 cores of v for the three alignments and both
@@ -202,12 +215,13 @@ func escapeLiteral(v, quotes string) string {
 }
 
 // shellBackslash escapes v the way bash's printf %q does for printable
-// text: a backslash before every byte outside [A-Za-z0-9_@%+=:,./-].
+// text: a backslash before the shell's special characters, and before '#'
+// and '~' only at the start of a word.
 func shellBackslash(v string) string {
 	var b strings.Builder
 	for i := 0; i < len(v); i++ {
 		c := v[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("_@%+=:,./-", c) >= 0) {
+		if strings.IndexByte(" \t\n'\"\\|&;()<>!{}*[?]^$`", c) >= 0 || i == 0 && (c == '#' || c == '~') {
 			b.WriteByte('\\')
 		}
 		b.WriteByte(c)

@@ -3,6 +3,7 @@ package scrub
 import (
 	"encoding/binary"
 	"regexp/syntax"
+	"slices"
 )
 
 // region is one redaction: data[start:end] becomes lab.repl. mstart/mend
@@ -274,12 +275,9 @@ func (s *Set) settle(sc *scratch) {
 			sc.rel = min(sc.rel, r.mstart)
 		}
 	}
-	// Insertion sort: regions arrive nearly sorted (by keyword position).
-	for i := 1; i < len(regs); i++ {
-		for j := i; j > 0 && cmpRegion(regs[j-1], regs[j]) > 0; j-- {
-			regs[j-1], regs[j] = regs[j], regs[j-1]
-		}
-	}
+	// Two runs, each nearly sorted: the rules' (by keyword) then the known
+	// values' (by sample).
+	slices.SortFunc(regs, cmpRegion)
 	out := regs[:0]
 	for _, r := range regs {
 		if k := len(out) - 1; k >= 0 && r.start < out[k].end {
