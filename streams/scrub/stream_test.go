@@ -116,7 +116,7 @@ func TestFlush(t *testing.T) {
 		{"id AKIA", "id AKIA"},
 		{"id AKIA12", "id AKIA"},
 		{"x Zq9vX2", "x Zq9vX2"}, // 6 characters of the value: fewer than k = 8
-		{"x Zq9vX2pL", "x "},    // 8: held
+		{"x Zq9vX2pL", "x "},     // 8: held
 		{"x Zq", "x Zq"},
 		{"pw: passw", "pw: passw"},
 		{"password=hunter", "password"},
