@@ -23,12 +23,16 @@ import (
 // byte before the keyword. MaxLen bounds the match length: the regexp sees at
 // most MaxLen+1 bytes from the keyword (one byte of lookahead for a trailing
 // \b), and a writer holds a candidate back at most that long.
-// SecretGroup selects the part to redact (0 = whole match).
+// SecretGroup selects the part to redact (0 = whole match). Families names
+// the token families the rule recognises (a rule may cover several, such as
+// GitLab's job, runner and deploy tokens); names are unique across a file,
+// and generic context rules use names beginning "context-".
 // Positive and Negative are sample templates: literal text with {class:n}
 // placeholders expanded to n random characters of class (see sampleClasses).
 type Rule struct {
 	ID          string   `yaml:"id"`
 	Description string   `yaml:"description"`
+	Families    []string `yaml:"families"`
 	Keywords    []string `yaml:"keywords"`
 	Regex       string   `yaml:"regex"`
 	SecretGroup int      `yaml:"secret_group"`
@@ -45,8 +49,8 @@ type ruleFile struct {
 const maxRuleLen = 64 << 10
 
 // LoadRules decodes a rule file strictly (unknown keys are errors), validates
-// every rule (id, keywords, regexp, group, bound, sample templates; every
-// rule needs positive and negative samples) and compiles the regexps.
+// every rule (id, families, keywords, regexp, group, bound, sample templates;
+// every rule needs positive and negative samples) and compiles the regexps.
 func LoadRules(yamlBytes []byte) ([]Rule, error) {
 	dec := yaml.NewDecoder(bytes.NewReader(yamlBytes))
 	dec.KnownFields(true)
@@ -62,6 +66,7 @@ func LoadRules(yamlBytes []byte) ([]Rule, error) {
 		return nil, errors.New("scrubber rules: no rules")
 	}
 	seen := make(map[string]bool, len(f.Rules))
+	family := make(map[string]string)
 	rnd := rand.New(rand.NewPCG(1, 2))
 	for _, r := range f.Rules {
 		if _, err := compileRule(r); err != nil {
@@ -71,6 +76,18 @@ func LoadRules(yamlBytes []byte) ([]Rule, error) {
 			return nil, fmt.Errorf("scrubber rule %q: duplicate id", r.ID)
 		}
 		seen[r.ID] = true
+		if len(r.Families) == 0 {
+			return nil, fmt.Errorf("scrubber rule %q: no families", r.ID)
+		}
+		for _, fam := range r.Families {
+			if !ruleIDRe.MatchString(fam) {
+				return nil, fmt.Errorf("scrubber rule %q: family %q must match %s", r.ID, fam, ruleIDRe)
+			}
+			if other, dup := family[fam]; dup {
+				return nil, fmt.Errorf("scrubber rule %q: family %q already listed by rule %q", r.ID, fam, other)
+			}
+			family[fam] = r.ID
+		}
 		if len(r.Positive) == 0 || len(r.Negative) == 0 {
 			return nil, fmt.Errorf("scrubber rule %q: needs positive and negative samples", r.ID)
 		}

@@ -95,9 +95,40 @@ func TestRuleFamiliesCovered(t *testing.T) {
 	}
 }
 
+// TestRuleFamilyCount: the rule file recognises at least 110 distinct token
+// families (by shape, or for providers without one by their variable
+// names; generic context rules, "context-*", do not count), and no rule
+// claims more families than it has positive samples.
+func TestRuleFamilyCount(t *testing.T) {
+	const want = 110
+	seen := map[string]bool{}
+	shape, context := 0, 0
+	for _, r := range loadRules(t) {
+		if len(r.Positive) < len(r.Families) {
+			t.Errorf("rule %s: %d families but %d positive samples", r.ID, len(r.Families), len(r.Positive))
+		}
+		for _, f := range r.Families {
+			if seen[f] {
+				t.Errorf("family %s listed twice", f)
+			}
+			seen[f] = true
+			if strings.HasPrefix(f, "context-") {
+				context++
+			} else {
+				shape++
+			}
+		}
+	}
+	t.Logf("%d token families (and %d generic context families)", shape, context)
+	if shape < want {
+		t.Fatalf("%d token families, want at least %d", shape, want)
+	}
+}
+
 func TestLoadRulesStrict(t *testing.T) {
 	ok := `rules:
   - id: x-token
+    families: [x-token]
     keywords: [xtk_]
     regex: 'xtk_[a-z]{8}'
     max_len: 12
@@ -120,6 +151,10 @@ func TestLoadRulesStrict(t *testing.T) {
 		"duplicate id":    ok + strings.TrimPrefix(ok, "rules:\n"),
 		"two documents":   ok + "---\nrules: []\n",
 		"no rules at all": "rules: []\n",
+		"no families":     strings.Replace(ok, "    families: [x-token]\n", "", 1),
+		"empty families":  strings.Replace(ok, "[x-token]", "[]", 1),
+		"bad family":      strings.Replace(ok, "families: [x-token]", "families: [X Token]", 1),
+		"same family":     ok + strings.Replace(strings.TrimPrefix(ok, "rules:\n"), "id: x-token", "id: y-token", 1),
 	}
 	for name, y := range bad {
 		if _, err := LoadRules([]byte(y)); err == nil {
