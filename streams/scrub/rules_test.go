@@ -88,7 +88,7 @@ func TestRuleFamiliesCovered(t *testing.T) {
 	}
 	for _, id := range []string{"aws-access-key-id", "aws-secret-access-key", "github-token", "github-fine-grained-pat",
 		"gitlab-token", "slack-token", "slack-webhook", "stripe-key", "npm-token", "pypi-token", "openai-anthropic-key",
-		"google-api-key", "jwt", "private-key", "database-url", "generic-password"} {
+		"google-api-key", "jwt", "private-key", "url-password", "generic-password"} {
 		if !ids[id] {
 			t.Errorf("rule %s missing", id)
 		}
