@@ -39,6 +39,10 @@ type Rule struct {
 	MaxLen      int      `yaml:"max_len"`
 	Positive    []string `yaml:"positive"`
 	Negative    []string `yaml:"negative"`
+	// CamelBoundary: a keyword that begins with a lower-case letter right
+	// after a lower-case letter is inside a word ("jsonwebtoken:"), not a
+	// name of its own ("authToken", "SERVICE_TOKEN", "_token"): skip it.
+	CamelBoundary bool `yaml:"camel_boundary"`
 }
 
 type ruleFile struct {

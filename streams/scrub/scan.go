@@ -183,6 +183,9 @@ func (s *Set) evalRule(sc *scratch, ri int, data []byte, i, kw, prev int, final 
 	if i > 0 {
 		pb = int(data[i-1])
 	}
+	if r.src.CamelBoundary && 'a' <= pb && pb <= 'z' && 'a' <= data[i] && data[i] <= 'z' {
+		return
+	}
 	if r.lb != 0 {
 		wb := isWordByte(pb) != isWordByte(int(data[i]))
 		if wb != (r.lb == syntax.EmptyWordBoundary) {
