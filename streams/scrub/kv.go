@@ -701,7 +701,19 @@ func (st *kvScratch) extend(s []byte, i, j, dir int) (bestJ, bestI int, edge boo
 func (s *Set) kvTail(sc *scratch, data []byte) {
 	kv := s.kv
 	st := &sc.kvs
+	// An escape sequence still undecided at the end is held (Flush may
+	// release it) and is a separator for what comes before it.
+	for j := len(data) - 1; j >= max(0, len(data)-csiMax); j-- {
+		if data[j] == 0x1b {
+			if _, pend := seqEnd(data, j); pend {
+				sc.holdAt(j, len(data))
+				data = data[:j]
+			}
+			break
+		}
+	}
 	n := len(data)
+	st.ws, st.we = 0, -1 // the window may hold more than data now
 	st.window(data, n-4*csiMax, n)
 	// the last plain character
 	last := len(st.nb) - 1
@@ -716,11 +728,7 @@ func (s *Set) kvTail(sc *scratch, data []byte) {
 			from = int(st.np[last]) + 1
 		}
 	}
-	open, escAt := trailing(data, from, false)
-	if escAt >= 0 {
-		sc.holdAt(escAt, n)
-	}
-	if last < 0 || !open {
+	if open, _ := trailing(data, from, false); last < 0 || !open {
 		return
 	}
 	lastPos := int(st.np[last])

@@ -39,10 +39,10 @@ type Rule struct {
 	MaxLen      int      `yaml:"max_len"`
 	Positive    []string `yaml:"positive"`
 	Negative    []string `yaml:"negative"`
-	// CamelBoundary: a keyword that begins with a lower-case letter right
-	// after a lower-case letter is inside a word ("jsonwebtoken:"), not a
-	// name of its own ("authToken", "SERVICE_TOKEN", "_token"): skip it.
-	CamelBoundary bool `yaml:"camel_boundary"`
+	// NotAfter: the keyword is skipped when the bytes before it end with
+	// one of these (ASCII case-insensitive): words that merely contain it
+	// ("jsonweb" of io.jsonwebtoken:jjwt-api).
+	NotAfter []string `yaml:"not_after"`
 }
 
 type ruleFile struct {

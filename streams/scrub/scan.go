@@ -1,6 +1,7 @@
 package scrub
 
 import (
+	"bytes"
 	"encoding/binary"
 	"regexp/syntax"
 	"slices"
@@ -26,6 +27,7 @@ type scratch struct {
 	loc     []int
 	fast    fastState
 	kvs     kvScratch
+	before  []byte // up to lookBehind input bytes before data (a Writer's)
 	// The current scan's results: data[hold:] must be kept; in flush mode
 	// data[hold:rel] is only a keyword prefix (see scan).
 	hold, rel int
@@ -183,8 +185,10 @@ func (s *Set) evalRule(sc *scratch, ri int, data []byte, i, kw, prev int, final 
 	if i > 0 {
 		pb = int(data[i-1])
 	}
-	if r.src.CamelBoundary && 'a' <= pb && pb <= 'z' && 'a' <= data[i] && data[i] <= 'z' {
-		return
+	for _, w := range r.src.NotAfter {
+		if endsWithFold(sc.before, data[:i], w) {
+			return
+		}
 	}
 	if r.lb != 0 {
 		wb := isWordByte(pb) != isWordByte(int(data[i]))
@@ -247,6 +251,19 @@ func (s *Set) evalRule(sc *scratch, ri int, data []byte, i, kw, prev int, final 
 		return
 	}
 	sc.regs = append(sc.regs, region{start: i + gs, end: i + ge, mstart: i, mend: i + loc[1], lab: r.lab})
+}
+
+// lookBehind is how many input bytes before a scan's data a Writer keeps
+// for rules' not_after words.
+const lookBehind = 16
+
+// endsWithFold: before+data ends with w, ASCII case-insensitively.
+func endsWithFold(before, data []byte, w string) bool {
+	if len(data) >= len(w) {
+		return bytes.EqualFold(data[len(data)-len(w):], []byte(w))
+	}
+	k := len(w) - len(data)
+	return len(before) >= k && bytes.EqualFold(before[len(before)-k:], []byte(w[:k])) && bytes.EqualFold(data, []byte(w[k:]))
 }
 
 func isWordByte(c int) bool {

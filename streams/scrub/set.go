@@ -197,6 +197,7 @@ func (s *Set) build() {
 func (s *Set) Redact(b []byte) []byte {
 	sc := s.getScratch()
 	defer s.pool.Put(sc)
+	sc.before = nil
 	s.scan(sc, b, -1, true, false)
 	if len(sc.regs) == 0 {
 		return b

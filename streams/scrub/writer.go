@@ -21,6 +21,7 @@ type Writer struct {
 	emitted int    // buf[:emitted] was written out by Flush (a keyword prefix kept as context)
 	scanned int    // len(buf) after the last scan
 	prev    int    // the input byte before buf[0] (-1 at start)
+	before  []byte // up to lookBehind input bytes before buf[0]
 	out     []byte
 	counts  map[string]int64
 	err     error
@@ -129,6 +130,7 @@ func (w *Writer) Counts() map[string]int64 {
 // caller's p, not w.buf. flush: also write out a held keyword prefix (kept
 // in buf as context). data[:w.emitted] has been written out already.
 func (w *Writer) process(data []byte, final, fresh, flush bool) {
+	w.sc.before = w.before
 	hold, rel := w.set.scan(&w.sc, data, w.prev, final, flush)
 	from := w.emitted
 	to := max(hold, from, rel)
@@ -146,6 +148,12 @@ func (w *Writer) process(data []byte, final, fresh, flush bool) {
 	}
 	if hold > 0 {
 		w.prev = int(data[hold-1])
+		if hold >= lookBehind {
+			w.before = append(w.before[:0], data[hold-lookBehind:hold]...)
+		} else {
+			w.before = append(w.before, data[:hold]...)
+			w.before = w.before[max(0, len(w.before)-lookBehind):]
+		}
 	}
 	w.emitted = to - hold
 	if fresh {
