@@ -15,36 +15,63 @@
 // # What is redacted
 //
 // Pattern rules: the rule's SecretGroup becomes "[REDACTED:<rule id>]"
-// (for password=x only x; for a database URL only the password). Known
-// values (>= MinValueLen bytes) and their encodings become
-// "[REDACTED:<name>]", the value itself and its hex in any ASCII case
-// (lowered by a proxy, swapped, title case), URL query/path escaping, JSON
-// and Go string escaping, shell escaping (backslash and single quotes),
-// base64 std and URL alphabets at all three alignments with or without
-// padding and inside longer base64 runs (the characters carrying bits of
-// the value are redacted; characters encoding only neighbouring bytes, like
-// "dXNlcjo" for "user:", stay), and for multi-line values (PEM keys) the
-// whole value, its CRLF form and each line of at least MinValueLen bytes.
+// (for password=x only x; for a database URL only the password). A rule
+// lists the token families it covers (configs/scrubber.yaml; the tests
+// require more than 110 outside the context-* rules).
+//
+// Known values (>= MinValueLen bytes) become "[REDACTED:<name>]" wherever
+// k = KnownRun(len) or more consecutive bytes of them would show (12 for
+// values of 24 bytes or more, half the value for 16..23, 8 for 8..15, the
+// whole value below 8), in any of their forms: the value in any ASCII case,
+// reversed (by character), hex (any case, also with ':' between bytes, as
+// %XX, \xNN, \u00NN, 0xNN, lists and decimal byte lists), URL query and
+// path escaping, JSON, Go, Python and JavaScript string escapes, bash's
+// printf %q and single-quote style, UTF-16, Python's list(k), and base64
+// (std and URL alphabets, every alignment: the characters whose bits all
+// come from the value). Matching is on the normalised stream: bytes below
+// 0x21 (space, tab, NUL, CR, LF, other controls) and terminal escape
+// sequences (CSI, ESC and one byte) are left out, so single separators or
+// colour codes between characters, a value split over lines or by \r,
+// base64 at any wrap width, `od -An -tx1` and UTF-16's NULs all read as
+// the form itself. A run of more than 32 separator bytes breaks a match. An
+// escape sequence's final byte (a letter a terminal swallows) may be taken
+// or skipped. The redaction covers the first to the last byte matched.
 // Overlapping matches merge into one redaction labelled by the earliest
 // (on a tie: known value, then rules in file order), counted once.
 //
+// Out of reach on purpose: a value spread over separate writes with other
+// text between (a value typed a character a minute across commands, or
+// split between stdout and stderr with output between: each stream is
+// scrubbed on its own, so a value of fewer than 16 bytes split in half
+// shows both halves); encodings not listed (a cipher, gzip, rot13, a
+// custom interleaving of escape sequences whose final bytes carry the
+// value); and runs shorter than k.
+//
 // # How
 //
-// Anchors are literals: rule keywords (ASCII case-insensitive) and every
-// known value encoding. A prefilter (prefilter.go) samples every third
-// position, hashes the folded 4-byte window into a 2^21-bit bitmap (each
-// anchor's windows at three consecutive offsets are entered; short
-// keywords' windows also with the bytes before or after them), checks hits
-// against a second small bitmap and a table of the entered windows, and
-// verifies only the candidate starts these give through a hash table; this
-// is the whole cost on clean text. A verified keyword runs its rule
-// anchored at the keyword on a bounded window (MaxLen+1 bytes, cut after
-// the first byte no match can contain). Rules of a simple shape (literal
-// sets, character classes with repeats, \b, groups; nearly all, listed by
-// TestFastMatcherAgrees) run on a small backtracking matcher with
-// regexp's priorities (fast.go, checked against regexp in tests); others
-// use Go's regexp. A keyword whose next byte cannot continue any match
-// (e.g. "tokenizer") is dropped early.
+// Rules: anchors are the rule keywords (ASCII case-insensitive). A
+// prefilter (prefilter.go) samples every third position, hashes the folded
+// 4-byte window into a 2^21-bit bitmap (each anchor's windows at three
+// consecutive offsets are entered; short keywords' windows also with the
+// bytes before or after them), checks hits against a second small bitmap
+// and a table of the entered windows, and verifies only the candidate
+// starts these give through a hash table; this is the whole cost on clean
+// text. A verified keyword runs its rule anchored at the keyword on a
+// bounded window (MaxLen+1 bytes, cut after the first byte no match can
+// contain). Rules of a simple shape run on a small backtracking matcher
+// with regexp's priorities (fast.go, checked against regexp in tests);
+// others use Go's regexp. A keyword whose next byte cannot continue any
+// match (e.g. "tokenizer") is dropped early; one preceded by a rule's
+// not_after word ("jsonweb" of jsonwebtoken) is skipped.
+//
+// Known values (kv.go): every 4-character substring (gram) of every form
+// is in a hash table and a 2^22-bit bitmap. The raw data is sampled every
+// stride bytes (at most 8, and at most the shortest match less 3, so every
+// match holds a sample); at a sample the next four characters of the
+// normalised stream are gathered, straight from the 8 bytes there when
+// none is a separator, and looked up. A hit whose raw neighbours already
+// differ from the form on both sides is dropped; the rest are extended
+// both ways on a locally normalised window.
 //
 // # Streaming
 //
@@ -69,20 +96,24 @@
 // them, for \b) as context, so the rule still matches when the keyword
 // completes later; the redaction then starts at the first byte not yet
 // written ("AK" flushed, then "IA" and 16 more characters:
-// "AK[REDACTED:aws-access-key-id]"). So with only rules loaded a typed
-// character always shows at the next Flush. Flush never releases a byte
-// past a complete keyword that a rule could still take as its secret (the
-// "abc" of "sk-abc", the "=hunter" of "password=hunter"), a pending match,
-// or a prefix of a known value or of one of its encodings, however short:
-// with known values registered, the last byte or two of a terminal echo
-// are often such a prefix (most alphanumerics begin some base64 form) and
-// then show only with the next output. A flushed stream's output differs
-// from Redact of the whole only by such keyword prefixes in front of a
-// redaction (the fuzz test checks this too). Close releases everything.
+// "AK[REDACTED:aws-access-key-id]"). Flush likewise releases a known-value
+// candidate shorter than its form's shortest match (it shows fewer than k
+// bytes of the value) and keeps it as context. So a typed character always
+// shows at the next Flush. Flush never releases a byte past a complete
+// keyword that a rule could still take as its secret (the "abc" of
+// "sk-abc", the "=hunter" of "password=hunter"), a known-value match, or
+// a pending match. A flushed stream's output differs from Redact of the
+// whole only by such prefixes in front of a redaction (the fuzz test
+// checks this too). Close releases everything.
 //
-// Known limits: base64 wrapped across lines inside the value is found
-// only line by line for multi-line values; (?i) literals in the fast
-// matcher fold ASCII only; a leading \b in a rule is checked against the
-// byte before the keyword, and colour codes (ESC[31m) put a word character
-// there, so rules use it sparingly (only sk- keys).
+// A Writer holds at most the longest rule window (max_len + 1, 64 KiB at
+// most) or, for known values, the longest form times 33 bytes (a match may
+// have up to 32 separator bytes between characters) plus 32 bytes of an
+// undecided escape sequence; peak memory per stream is that plus one
+// write. A scan restarts at its hold, never inside an escape sequence.
+//
+// Known limits: (?i) literals in the fast matcher fold ASCII only; a
+// leading \b in a rule is checked against the byte before the keyword, and
+// colour codes (ESC[31m) put a word character there, so a token printed
+// right after one is missed by the few rules that begin with \b.
 package scrub

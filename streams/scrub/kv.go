@@ -3,6 +3,7 @@ package scrub
 import (
 	"bytes"
 	"encoding/binary"
+	"math/bits"
 	"slices"
 )
 
@@ -29,6 +30,7 @@ const (
 	kvMaxStride = 8 // a sample reads 8 bytes: every ESC is seen before a later sample lands in its sequence
 	csiMax      = 32
 	kvMinM      = 6
+	kvLongM     = 20 // forms whose shortest match is this long are sampled less often
 )
 
 type kvForm struct {
@@ -43,7 +45,9 @@ type kvOcc struct{ form, off int32 }
 // kvIndex is the compiled known values of a Set (immutable).
 type kvIndex struct {
 	forms  []kvForm
-	bits   []uint64 // 2^kvBitsLog bits: folded grams
+	bits   []uint64 // 2^kvBitsLog bits: folded grams of forms with short matches
+	bitsL  []uint64 // the same for forms with long matches (hex and per-byte encodings)
+	every  int      // long forms are looked up at every every-th sample
 	tab    gramTable
 	one    byteSet  // lower-case characters of the forms
 	two    []uint64 // 2^16 bits: 2-character substrings
@@ -72,7 +76,7 @@ func normForm(s string) []byte {
 }
 
 func newKVIndex(values []namedValue, labs map[string]*label) *kvIndex {
-	kv := &kvIndex{bits: make([]uint64, 1<<(kvBitsLog-6)), two: make([]uint64, 1<<10), three: make([]uint64, 1<<14)}
+	kv := &kvIndex{bits: make([]uint64, 1<<(kvBitsLog-6)), bitsL: make([]uint64, 1<<(kvBitsLog-6)), two: make([]uint64, 1<<10), three: make([]uint64, 1<<14)}
 	seen := map[string]int{} // form string -> index in kv.forms
 	add := func(s []byte, m int, lab *label) {
 		m = max(m, min(kvMinM, len(s)))
@@ -114,11 +118,26 @@ func newKVIndex(values []namedValue, labs map[string]*label) *kvIndex {
 	if len(kv.forms) == 0 {
 		return nil
 	}
-	minM := kvMaxStride + kvQ - 1
+	// Forms whose shortest match is long (hex, %XX, lists: two to six
+	// characters a byte) are sampled at a multiple of the stride: fewer
+	// lookups, and a smaller bitmap for the rest.
+	minM, minL := kvMaxStride+kvQ-1, 1<<30
+	for _, f := range kv.forms {
+		if f.m >= kvLongM {
+			minL = min(minL, f.m)
+		} else {
+			minM = min(minM, f.m)
+		}
+	}
+	kv.stride = max(1, min(kvMaxStride, minM-kvQ+1))
+	kv.every = max(1, (minL-kvQ+1)/kv.stride)
 	grams := map[uint32][]kvOcc{}
 	for fi := range kv.forms {
 		f := &kv.forms[fi]
-		minM = min(minM, f.m)
+		bits := kv.bits
+		if f.m >= kvLongM {
+			bits = kv.bitsL
+		}
 		fs := map[uint32]bool{}
 		for j := 0; j+kvQ <= len(f.s); j++ {
 			key := binary.LittleEndian.Uint32(f.s[j:]) | fold4
@@ -128,7 +147,7 @@ func newKVIndex(values []namedValue, labs map[string]*label) *kvIndex {
 			fs[key] = true
 			grams[key] = append(grams[key], kvOcc{int32(fi), int32(j)})
 			h := kvHash(key)
-			kv.bits[h>>6] |= 1 << (h & 63)
+			bits[h>>6] |= 1 << (h & 63)
 		}
 		for j, c := range f.s {
 			kv.one.add(c)
@@ -142,7 +161,6 @@ func newKVIndex(values []namedValue, labs map[string]*label) *kvIndex {
 			}
 		}
 	}
-	kv.stride = max(1, min(kvMaxStride, minM-kvQ+1))
 	kv.tab.build(grams)
 	return kv
 }
@@ -151,9 +169,10 @@ func kvHash(key uint32) uint32 { return (key * hashMul) >> (32 - kvBitsLog) }
 
 func hash3(x uint32) uint32 { return (x * 0x85EBCA77) >> (32 - 20) }
 
-func (kv *kvIndex) test(key uint32) bool {
+// test: key may be a gram of a short-match form, or (long) of any form.
+func (kv *kvIndex) test(key uint32, long bool) bool {
 	h := kvHash(key)
-	return kv.bits[h>>6]&(1<<(h&63)) != 0
+	return kv.bits[h>>6]&(1<<(h&63)) != 0 || long && kv.bitsL[h>>6]&(1<<(h&63)) != 0
 }
 
 // gramTable maps a folded gram to its occurrences in the forms.
@@ -298,8 +317,10 @@ func (st *kvScratch) normalize(data []byte, from, to int) {
 				gapStart = i
 			}
 			e, _ := seqEnd(data, i)
-			if e > i+1 && e <= to {
-				st.push(lowerByte(data[e-1]), e-1, true)
+			if e <= to {
+				for b := bodyStart(data, i, e); b < e; b++ {
+					st.push(lowerByte(data[b]), b, true)
+				}
 			}
 			gap += e - i
 			i = e
@@ -376,19 +397,39 @@ func (s *Set) scanKV(sc *scratch, data []byte, final bool) {
 	n := len(data)
 	stride := kv.stride
 	var esc escSpan
-	p := 0
+	p, cnt := 0, 0
 	for ; p+8 <= n; p += stride {
-		w := binary.LittleEndian.Uint64(data[p:])
-		if sepMask(w) == 0 && esc.inside(p) < 0 {
-			if key := uint32(w) | fold4; kv.test(key) {
-				s.kvHit(sc, data, p, key, final)
-			}
-			continue
+		long := cnt == 0
+		if cnt++; cnt == kv.every {
+			cnt = 0
 		}
-		s.kvSample(sc, data, p, &esc, final)
+		w := binary.LittleEndian.Uint64(data[p:])
+		if _, e := esc.inside(p); e < 0 {
+			sm := sepMask(w)
+			if sm == 0 {
+				if key := uint32(w) | fold4; kv.test(key, long) {
+					s.kvHit(sc, data, p, key, final)
+				}
+				continue
+			}
+			// Separators but no ESC, and four characters among the 8
+			// bytes: gather them here.
+			if bits.OnesCount64(sm) <= 4 && !hasESC(w) {
+				off, key := compact4(w)
+				if kv.test(key, long) {
+					s.kvHit(sc, data, p+off, key, final)
+				}
+				continue
+			}
+		}
+		s.kvSample(sc, data, p, &esc, long, final)
 	}
 	for ; p < n; p += stride {
-		s.kvSample(sc, data, p, &esc, final)
+		long := cnt == 0
+		if cnt++; cnt == kv.every {
+			cnt = 0
+		}
+		s.kvSample(sc, data, p, &esc, long, final)
 	}
 	if !final {
 		s.kvTail(sc, data)
@@ -403,17 +444,27 @@ type escSpan struct {
 	end int // the end of the last one
 }
 
-// inside returns the end of the sequence p is inside (past its ESC), or -1.
-func (e *escSpan) inside(p int) int {
+// inside returns the sequence p is inside (past its ESC), or end -1.
+func (e *escSpan) inside(p int) (start, end int) {
 	if p >= e.end {
-		return -1
+		return -1, -1
 	}
 	for _, sp := range e.s {
 		if sp[0] < p && p < sp[1] {
-			return sp[1]
+			return sp[0], sp[1]
 		}
 	}
-	return -1
+	return -1, -1
+}
+
+// bodyStart returns where the bytes a terminal swallows but a raw reader
+// sees begin in the sequence data[i:e]: after "ESC [" for a CSI, after ESC
+// otherwise (e itself for ESC alone).
+func bodyStart(data []byte, i, e int) int {
+	if e > i+2 && data[i+1] == '[' {
+		return i + 2
+	}
+	return i + 1
 }
 
 func (e *escSpan) see(data []byte, i int) int {
@@ -426,14 +477,37 @@ func (e *escSpan) see(data []byte, i int) int {
 	return end
 }
 
-func (s *Set) kvSample(sc *scratch, data []byte, p int, esc *escSpan, final bool) {
+func (s *Set) kvSample(sc *scratch, data []byte, p int, esc *escSpan, long, final bool) {
 	g, key, g2, key2, ok, ok2 := gather(data, p, esc)
-	if ok && s.kv.test(key) {
+	if ok && s.kv.test(key, long) {
 		s.kvHit(sc, data, g, key, final)
 	}
-	if ok2 && s.kv.test(key2) {
+	if ok2 && s.kv.test(key2, long) {
 		s.kvHit(sc, data, g2, key2, final)
 	}
+}
+
+// hasESC: some byte of w is ESC.
+func hasESC(w uint64) bool {
+	x := w ^ 0x1b1b1b1b1b1b1b1b
+	return (x-0x0101010101010101)&^x&0x8080808080808080 != 0
+}
+
+// compact4 returns the first four bytes of w that are not separators
+// (there are at least four), folded, and the offset of the first.
+func compact4(w uint64) (off int, key uint32) {
+	got := 0
+	off = -1
+	for b := 0; got < kvQ; b++ {
+		if c := byte(w >> (8 * b)); c >= 0x21 {
+			if off < 0 {
+				off = b
+			}
+			key |= uint32(c|0x20) << (8 * got)
+			got++
+		}
+	}
+	return off, key
 }
 
 // sepMask has the high bit of each byte of w below 0x21 set.
@@ -454,11 +528,15 @@ func gather(data []byte, p int, esc *escSpan) (first int, key uint32, first2 int
 	got, got2, gap := 0, 0, 0
 	seq := false
 	i := p
-	if e := esc.inside(p); e >= 0 { // a sequence seen before
+	if s, e := esc.inside(p); e >= 0 { // a sequence seen before
 		i = e
-		if f := i - 1; f > p && sepClass[data[f]] == 0 && data[f] != '[' {
+		for b := max(p, bodyStart(data, s, e)); b < e && got2 < kvQ; b++ {
+			if got2 == 0 {
+				first2 = b
+			}
 			seq = true
-			first2, key2, got2 = f, uint32(data[f]|0x20), 1
+			key2 |= uint32(data[b]|0x20) << (8 * got2)
+			got2++
 		}
 	}
 	for ; i < n && (got < kvQ || seq && got2 < kvQ); i++ {
@@ -484,15 +562,13 @@ func gather(data []byte, p int, esc *escSpan) (first int, key uint32, first2 int
 			gap++
 		default:
 			e := esc.see(data, i)
-			if e > i+1 {
+			for b := bodyStart(data, i, e); b < e && got2 < kvQ; b++ {
 				seq = true
 				if got2 == 0 {
-					first2 = e - 1
+					first2 = b
 				}
-				if got2 < kvQ {
-					key2 |= uint32(data[e-1]|0x20) << (8 * got2)
-					got2++
-				}
+				key2 |= uint32(data[b]|0x20) << (8 * got2)
+				got2++
 			}
 			gap += e - i
 			i = e - 1
