@@ -26,8 +26,8 @@ import (
 const (
 	kvQ         = 4
 	kvGapMax    = 32 // longest run of separator bytes inside a match
-	kvBitsLog   = 22
-	kvMaxStride = 8 // a sample reads 8 bytes: every ESC is seen before a later sample lands in its sequence
+	kvBitsLog   = 22 // the largest bitmaps
+	kvMaxStride = 8  // a sample reads 8 bytes: every ESC is seen before a later sample lands in its sequence
 	csiMax      = 32
 	kvMinM      = 6
 	kvLongM     = 20 // forms whose shortest match is this long are sampled less often
@@ -48,6 +48,7 @@ type kvIndex struct {
 	bits   []uint64 // 2^kvBitsLog bits: folded grams of forms with short matches
 	bitsL  []uint64 // the same for forms with long matches (hex and per-byte encodings)
 	every  int      // long forms are looked up at every every-th sample
+	log    int      // log2 of the bitmaps' size in bits
 	tab    gramTable
 	one    byteSet  // lower-case characters of the forms
 	two    []uint64 // 2^16 bits: 2-character substrings
@@ -76,7 +77,7 @@ func normForm(s string) []byte {
 }
 
 func newKVIndex(values []namedValue, labs map[string]*label) *kvIndex {
-	kv := &kvIndex{bits: make([]uint64, 1<<(kvBitsLog-6)), bitsL: make([]uint64, 1<<(kvBitsLog-6)), two: make([]uint64, 1<<10), three: make([]uint64, 1<<14)}
+	kv := &kvIndex{two: make([]uint64, 1<<10), three: make([]uint64, 1<<14)}
 	seen := map[string]int{} // form string -> index in kv.forms
 	add := func(s []byte, m int, lab *label) {
 		m = max(m, min(kvMinM, len(s)))
@@ -131,12 +132,21 @@ func newKVIndex(values []namedValue, labs map[string]*label) *kvIndex {
 	}
 	kv.stride = max(1, min(kvMaxStride, minM-kvQ+1))
 	kv.every = max(1, (minL-kvQ+1)/kv.stride)
+	// Bitmaps sized to the forms (about 3% full): a session with a few
+	// secrets takes tens of KiB and stays in cache; 100 values take 512 KiB.
+	n := 0
+	for _, f := range kv.forms {
+		n += len(f.s)
+	}
+	kv.log = min(kvBitsLog, max(12, bits.Len(uint(32*n))))
+	kv.bits = make([]uint64, 1<<(kv.log-6))
+	kv.bitsL = make([]uint64, 1<<(kv.log-6))
 	grams := map[uint32][]kvOcc{}
 	for fi := range kv.forms {
 		f := &kv.forms[fi]
-		bits := kv.bits
+		bm := kv.bits
 		if f.m >= kvLongM {
-			bits = kv.bitsL
+			bm = kv.bitsL
 		}
 		fs := map[uint32]bool{}
 		for j := 0; j+kvQ <= len(f.s); j++ {
@@ -146,8 +156,8 @@ func newKVIndex(values []namedValue, labs map[string]*label) *kvIndex {
 			}
 			fs[key] = true
 			grams[key] = append(grams[key], kvOcc{int32(fi), int32(j)})
-			h := kvHash(key)
-			bits[h>>6] |= 1 << (h & 63)
+			h := kv.hash(key)
+			bm[h>>6] |= 1 << (h & 63)
 		}
 		for j, c := range f.s {
 			kv.one.add(c)
@@ -165,13 +175,13 @@ func newKVIndex(values []namedValue, labs map[string]*label) *kvIndex {
 	return kv
 }
 
-func kvHash(key uint32) uint32 { return (key * hashMul) >> (32 - kvBitsLog) }
+func (kv *kvIndex) hash(key uint32) uint32 { return (key * hashMul) >> (32 - kv.log) }
 
 func hash3(x uint32) uint32 { return (x * 0x85EBCA77) >> (32 - 20) }
 
 // test: key may be a gram of a short-match form, or (long) of any form.
 func (kv *kvIndex) test(key uint32, long bool) bool {
-	h := kvHash(key)
+	h := kv.hash(key)
 	return kv.bits[h>>6]&(1<<(h&63)) != 0 || long && kv.bitsL[h>>6]&(1<<(h&63)) != 0
 }
 

@@ -117,8 +117,10 @@ func (s *Set) WithValues(values map[string]string) (*Set, error) {
 	})
 	vals = slices.Compact(vals)
 	slices.SortFunc(errs, func(a, b error) int { return strings.Compare(a.Error(), b.Error()) })
-	n := &Set{rules: s.rules, values: vals, reg: s.reg}
-	n.build()
+	// The rules' anchors and prefilter are the parent's (immutable); only
+	// the known values are compiled again.
+	n := &Set{rules: s.rules, values: vals, reg: s.reg, anchors: s.anchors, pf: s.pf}
+	n.buildValues()
 	return n, errors.Join(errs...)
 }
 
@@ -173,14 +175,6 @@ func (s *Set) build() {
 			}
 		}
 	}
-	labs := make(map[string]*label)
-	for _, v := range s.values {
-		if labs[v.name] == nil {
-			key := "value:" + v.name
-			labs[v.name] = &label{repl: []byte("[REDACTED:" + v.name + "]"), key: key, ctr: s.reg.counter(key)}
-		}
-	}
-	s.kv = newKVIndex(s.values, labs)
 	s.pf = newPrefilter(s.anchors, func(i int) byteSet {
 		var f byteSet
 		for _, ri := range s.anchors[i].rules {
@@ -190,6 +184,19 @@ func (s *Set) build() {
 		}
 		return f
 	})
+	s.buildValues()
+}
+
+// buildValues compiles the known values.
+func (s *Set) buildValues() {
+	labs := make(map[string]*label)
+	for _, v := range s.values {
+		if labs[v.name] == nil {
+			key := "value:" + v.name
+			labs[v.name] = &label{repl: []byte("[REDACTED:" + v.name + "]"), key: key, ctr: s.reg.counter(key)}
+		}
+	}
+	s.kv = newKVIndex(s.values, labs)
 }
 
 // Redact redacts a whole buffer (the end of b is the end of the stream).
