@@ -647,3 +647,39 @@ func TestLeakChecks(t *testing.T) {
 		t.Error("no run across 32 separator bytes")
 	}
 }
+
+// TestFormsListOfExactlyK: a list printed from exactly k bytes of a value
+// has no separator after its last element, one character fewer than the
+// k pieces of the form ("'c'," per byte): Python's list(v[i:i+k]) at every
+// offset, list(v) of a value of k bytes (6 or 7), list(v.encode()) and a C
+// array of an 8-byte value, and colon-separated hex of k bytes.
+func TestFormsListOfExactlyK(t *testing.T) {
+	long := "Zq9vX2pLmN4tAbCdEfGhIjKlMnOpQrStUvWxYz01"
+	bin := "\xfb\xff\xbf\x3e\x3f\xfe\x00\x80"
+	s := withValues(t, ruleSet(t), map[string]string{"long": long, "six": "s3cr3t", "seven": "h7Gk2mP", "bin": bin})
+	type tc struct{ name, v, in string }
+	var cases []tc
+	k := KnownRun(len(long))
+	for i := 0; i+k <= len(long); i++ {
+		cases = append(cases, tc{"long", long, mustPrint(printPyList, nil, long[i:i+k])})
+	}
+	var col []string
+	for i := range k {
+		col = append(col, fmt.Sprintf("%02x", long[i]))
+	}
+	cases = append(cases, tc{"long", long, strings.Join(col, ":")})
+	cases = append(cases, tc{"six", "s3cr3t", mustPrint(printPyList, nil, "s3cr3t")},
+		tc{"seven", "h7Gk2mP", mustPrint(printPyList, nil, "h7Gk2mP")},
+		tc{"bin", bin, mustPrint(printPyList, nil, bin)})
+	var ox []string
+	for i := range len(bin) {
+		ox = append(ox, fmt.Sprintf("0x%02x", bin[i]))
+	}
+	cases = append(cases, tc{"bin", bin, "{" + strings.Join(ox, ", ") + "}"})
+	for _, c := range cases {
+		out := s.Redact([]byte("k = " + c.in + "\n"))
+		if !bytes.Contains(out, []byte("[REDACTED:"+c.name+"]")) {
+			t.Errorf("%s: %q passes", c.name, out)
+		}
+	}
+}
