@@ -682,4 +682,17 @@ func TestFormsListOfExactlyK(t *testing.T) {
 			t.Errorf("%s: %q passes", c.name, out)
 		}
 	}
+	// The same through Flush: a 12-byte value (k = 8) printed as a list
+	// whole is redacted, but Flush after its first 8 elements releases
+	// them (31 characters of the 32 that 8 elements take with their commas).
+	db := withValues(t, ruleSet(t), map[string]string{"db": "Zq9vX2pLmN4t"})
+	var out bytes.Buffer
+	w := db.NewWriter(&out)
+	w.Write([]byte("['Z', 'q', '9', 'v', 'X', '2', 'p', 'L'"))
+	w.Flush()
+	w.Write([]byte(", 'm', 'N', '4', 't']\n"))
+	w.Close()
+	if plainLeak(out.Bytes(), "Zq9vX2pLmN4t") || pyListLeak(out.Bytes(), "Zq9vX2pLmN4t") {
+		t.Errorf("flushed: %q", out.Bytes())
+	}
 }
