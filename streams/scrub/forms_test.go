@@ -696,3 +696,22 @@ func TestFormsListOfExactlyK(t *testing.T) {
 		t.Errorf("flushed: %q", out.Bytes())
 	}
 }
+
+// TestFormsOptionalFinalHeld: an escape sequence's final byte may be the
+// first character of a match (the engine takes or skips it); a Writer
+// must hold it at the end of a write as it holds a plain character, so
+// that its output equals Redact of the whole.
+func TestFormsOptionalFinalHeld(t *testing.T) {
+	s := withValues(t, ruleSet(t), map[string]string{"db": "Zq9vX2pLmN4t"})
+	for _, p := range [][2]string{
+		{"~ \x1b[0Z\n", "q9vX2pLmN4t"},
+		{"\x1b[0Z\n", "q\n9\nv\nX\n2\np\nL\nm\nN\n4\nt"},
+		{"\x1bZ ", "q9vX2pLmN4t"},
+	} {
+		in := []byte(p[0] + p[1])
+		whole := s.Redact(in)
+		if got := stream(t, s, in, []int{len(p[0]), len(p[1])}, false); !bytes.Equal(got, whole) {
+			t.Errorf("%q then %q: %q, whole %q", p[0], p[1], got, whole)
+		}
+	}
+}
