@@ -723,3 +723,23 @@ func TestFormsOptionalFinalHeld(t *testing.T) {
 		t.Errorf("ESC%% then 73%%33%%63%%72%%33%%74: %q", got)
 	}
 }
+
+// TestFormsOptionalFinalTie: a plain character before an escape sequence
+// whose final byte is the same character can begin the match (the final
+// skipped) as well as the final itself. Redact starts the match at the
+// plain one; a Writer, whatever the split, must not release it.
+func TestFormsOptionalFinalTie(t *testing.T) {
+	s := withValues(t, ruleSet(t), map[string]string{"db": "Zq9vX2pLmN4t"})
+	for _, in := range []string{
+		"Z\x1b[Zq9vX2pLmN4t",
+		"Z\x1b['Z', 'q', '9', 'v', 'X', '2', 'p', 'L', 'm', 'N', '4', 't']",
+	} {
+		whole := s.Redact([]byte(in))
+		for i := 1; i < len(in); i++ {
+			if got := stream(t, s, []byte(in), []int{i, len(in) - i}, false); !bytes.Equal(got, whole) {
+				t.Errorf("%q then %q: %q, whole %q", in[:i], in[i:], got, whole)
+				break
+			}
+		}
+	}
+}
