@@ -149,12 +149,16 @@ func flushEquivalent(s *Set, in, got []byte) error {
 
 // kvReleasable: b, released by Flush before a known value's redaction,
 // is a candidate shorter than the shortest match of some form of that
-// value that contains it (it shows fewer than k characters).
+// value that contains it (it shows fewer than k characters). b is read
+// with its escape sequences left out (as a terminal shows it) and, since a
+// sequence's final byte may belong to a match, also with only the bytes
+// below 0x21 left out.
 func kvReleasable(s *Set, lab *label, b []byte) bool {
-	nb := normForm(string(b))
-	for _, f := range s.kv.forms {
-		if f.lab == lab && len(nb) < f.m && bytes.Contains(f.s, nb) {
-			return true
+	for _, nb := range [][]byte{leakView(b, true), normForm(string(b))} {
+		for _, f := range s.kv.forms {
+			if f.lab == lab && len(nb) < f.m && bytes.Contains(f.s, nb) {
+				return true
+			}
 		}
 	}
 	return false
