@@ -18,8 +18,10 @@ func TestRedact(t *testing.T) {
 		{"a key-123456 and s3cr3t-value", "a [REDACTED:API] and [REDACTED:TOKEN]"},
 		// Values under scrub.MinValueLen are never replaced (they would redact ordinary text).
 		{"abc abc", "abc abc"},
-		// A partial value is not redacted.
-		{"s3cr3t-valu", "s3cr3t-valu"},
+		// Fewer than k (scrub.KnownRun: 8 for a 12-byte value) characters of
+		// a value are not redacted; k or more are.
+		{"s3cr3t-", "s3cr3t-"},
+		{"s3cr3t-valu", "[REDACTED:TOKEN]"},
 	}
 	for _, c := range cases {
 		if got := redact(c.in, secrets); got != c.want {

@@ -106,7 +106,11 @@ func newKVIndex(values []namedValue, labs map[string]*label) *kvIndex {
 			ends = append(ends, len(s))
 			m := -1
 			for i := 0; i+k < len(ends); i++ {
-				if l := ends[i+k] - ends[i]; m < 0 || l < m {
+				l := ends[i+k] - ends[i]
+				if e := ends[i+k]; e > ends[i] && (s[e-1] == ',' || s[e-1] == ':') {
+					l-- // a list's last element has no separator after it
+				}
+				if m < 0 || l < m {
 					m = l
 				}
 			}
@@ -772,6 +776,13 @@ func (st *kvScratch) extend(s []byte, i, j, dir int) (bestJ, bestI int, edge boo
 				bestJ, bestI = int(sj), i
 			}
 		}
+		// A character taken here that reaches the best offset again (a
+		// plain one before a skipped optional one) moves the extent on.
+		for _, sj := range cur {
+			if int(sj+int32(dir)) == bestJ && sj >= 0 && int(sj) < len(s) && s[sj] == c {
+				bestI = i
+			}
+		}
 		st.st, st.nx = nx, cur
 		cur = nx
 	}
@@ -801,10 +812,13 @@ func (s *Set) kvTail(sc *scratch, data []byte) {
 	n := len(data)
 	st.ws, st.we = 0, -1 // the window may hold more than data now
 	st.window(data, n-4*csiMax, n)
-	// the last plain character
+	// the last plain character; optional ones after it may begin a match
 	last := len(st.nb) - 1
 	for last >= 0 && st.opt[last] {
 		last--
+	}
+	if t := last + 1; t < len(st.nb) {
+		sc.holdAt(int(st.np[t]), n)
 	}
 	from := n
 	if last >= 0 {

@@ -98,6 +98,12 @@ func valueForms(v []byte) []formSpec {
 		perByte("decimal-list", func(c byte) string { return fmt.Sprintf("%d,", c) }),
 		perByte("url-query", func(c byte) string { return url.QueryEscape(string([]byte{c})) }),
 		perByte("url-path", func(c byte) string { return url.PathEscape(string([]byte{c})) }),
+		perByte("url-js", func(c byte) string { // encodeURIComponent
+			if 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("-_.!~*'()", c) >= 0 {
+				return string([]byte{c})
+			}
+			return fmt.Sprintf("%%%02X", c)
+		}),
 		perShell(v),
 		perByte("shell-single", func(c byte) string {
 			if c == '\'' {
