@@ -2,7 +2,6 @@ package scrub
 
 import (
 	"bytes"
-	"encoding/base64"
 	"math/rand/v2"
 	"regexp"
 	"slices"
@@ -10,9 +9,10 @@ import (
 )
 
 type fuzzSecret struct {
-	text   string // inserted text
-	secret string // must not appear in the output
-	inner  string // for base64 forms: the value, checked with leaks()
+	text   string       // inserted text
+	secret string       // must not appear in the output
+	value  string       // a known value printed in form
+	form   *printedForm // its form (forms_test.go)
 }
 
 func fuzzSetup(tb testing.TB) (*Set, map[string]string, []Rule) {
@@ -32,20 +32,26 @@ func fuzzSetup(tb testing.TB) (*Set, map[string]string, []Rule) {
 	return withValues(tb, s, values), values, rules
 }
 
-// FuzzScrub: random clean bytes with known values (plain, base64 at any
-// alignment, hex) and rule samples inserted at random offsets, written in
-// random splits, with Flush called at random points in half the runs. The
-// output never contains a secret (a value, or a pattern's secret part past
-// its keyword), and clean input with nothing to redact passes
+// FuzzScrub: random clean bytes with known values and rule samples
+// inserted at random offsets, written in random splits, with Flush called
+// at random points in half the runs. A value comes in one of the forms of
+// printedForms (plain, reversed, hex with separators, base64 wrapped at
+// any width and alignment, a separator between every two bytes, UTF-16,
+// %XX, split by a newline, a run of k or more of its bytes, Python's
+// list); neither the streamed output nor Redact of the whole shows k
+// consecutive bytes of it in that form or plainly, nor a rule sample's
+// secret part past its keyword. Clean input with nothing to redact passes
 // byte-identical. Without Flush the output equals Redact of the whole
-// input; with Flush it may differ from it only by keyword prefixes
-// released before the rest of their match arrived (flushEquivalent).
+// input; with Flush it may differ from it only by keyword prefixes or
+// known-value candidates shorter than a match released before the rest
+// arrived (flushEquivalent).
 func FuzzScrub(f *testing.F) {
 	s, values, rules := fuzzSetup(f)
 	names := make([]string, 0, len(values))
 	for n := range values {
 		names = append(names, n)
 	}
+	slices.Sort(names) // a failing input reproduces
 	regs := make([]*regexp.Regexp, len(rules))
 	for i, r := range rules {
 		regs[i] = regexp.MustCompile(r.Regex)
@@ -63,28 +69,30 @@ func FuzzScrub(f *testing.F) {
 		whole := s.Redact(clean)
 		got, flushed := fuzzStream(t, s, clean, rnd)
 		if !flushed && !bytes.Equal(got, whole) {
-			t.Fatalf("clean: streamed %q != whole %q", got, whole)
+			t.Fatalf("clean: streamed %s != whole %s", brief(got), brief(whole))
 		}
 		if err := flushEquivalent(s, clean, got); err != nil {
-			t.Fatalf("clean: streamed %q (whole %q): %v", got, whole, err)
+			t.Fatalf("clean: streamed %s (whole %s): %v", brief(got), brief(whole), err)
 		}
 		if !bytes.Contains(whole, []byte("[REDACTED:")) && !bytes.Equal(whole, clean) {
-			t.Fatalf("clean text changed: %q -> %q", clean, whole)
+			t.Fatalf("clean text changed: %s -> %s", brief(clean), brief(whole))
 		}
 		// 2. secrets at random offsets
 		var secrets []fuzzSecret
 		for range 1 + rnd.IntN(4) {
 			var sec fuzzSecret
-			switch rnd.IntN(4) {
+			switch rnd.IntN(3) {
 			case 0, 1:
 				v := values[names[rnd.IntN(len(names))]]
-				sec = fuzzSecret{text: v, secret: v}
-			case 2:
-				v := values[names[rnd.IntN(len(names))]]
-				pre := []byte("user:")[:rnd.IntN(6)]
-				raw := append(append([]byte(nil), pre...), v...)
-				encs := []*base64.Encoding{base64.StdEncoding, base64.RawStdEncoding, base64.URLEncoding, base64.RawURLEncoding}
-				sec = fuzzSecret{text: encs[rnd.IntN(4)].EncodeToString(raw), inner: v}
+				f := &printedForms[rnd.IntN(len(printedForms))]
+				text, ok := f.print(rnd, v)
+				if !ok {
+					f, text = &printedForms[0], v
+				}
+				sec = fuzzSecret{text: text, value: v, form: f}
+				if f.name == "plain" {
+					sec.secret = v
+				}
 			default:
 				ri := rnd.IntN(len(rules))
 				r := rules[ri]
@@ -115,17 +123,19 @@ func FuzzScrub(f *testing.F) {
 		whole = s.Redact(in)
 		got, flushed = fuzzStream(t, s, in, rnd)
 		if !flushed && !bytes.Equal(got, whole) {
-			t.Fatalf("streamed != whole\nin:     %q\nstream: %q\nwhole:  %q", in, got, whole)
+			t.Fatalf("streamed != whole\nin:     %s\nstream: %s\nwhole:  %s", brief(in), brief(got), brief(whole))
 		}
 		if err := flushEquivalent(s, in, got); err != nil {
-			t.Fatalf("%v\nin:     %q\nstream: %q\nwhole:  %q", err, in, got, whole)
+			t.Fatalf("%v\nin:     %s\nstream: %s\nwhole:  %s", err, brief(in), brief(got), brief(whole))
 		}
 		for _, sec := range secrets {
 			if sec.secret != "" && bytes.Contains(got, []byte(sec.secret)) {
-				t.Fatalf("secret %q in output %q", sec.secret, got)
+				t.Fatalf("secret %q in output %s", sec.secret, brief(got))
 			}
-			if sec.inner != "" && leaks(got, sec.inner) {
-				t.Fatalf("base64 of %q leaks in %q", sec.inner, got)
+			for _, out := range [][]byte{got, whole} {
+				if sec.form != nil && (sec.form.leak(out, sec.value) || plainLeak(out, sec.value)) {
+					t.Fatalf("%s of %q (%s) leaks\nin:     %s\nstream: %s\nwhole:  %s", sec.form.name, sec.value, brief([]byte(sec.text)), brief(in), brief(got), brief(whole))
+				}
 			}
 		}
 	})

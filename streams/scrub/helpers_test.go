@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -152,9 +153,10 @@ func flushEquivalent(s *Set, in, got []byte) error {
 // value that contains it (it shows fewer than k characters). b is read
 // with its escape sequences left out (as a terminal shows it) and, since a
 // sequence's final byte may belong to a match, also with only the bytes
-// below 0x21 left out.
+// below 0x21 left out, and with every escape sequence left out whole (the
+// byte after ESC, which a match may skip).
 func kvReleasable(s *Set, lab *label, b []byte) bool {
-	for _, nb := range [][]byte{leakView(b, true), normForm(string(b))} {
+	for _, nb := range [][]byte{leakView(b, true), normForm(string(b)), normForm(string(dropEscapes(b)))} {
 		for _, f := range s.kv.forms {
 			if f.lab == lab && len(nb) < f.m && bytes.Contains(f.s, nb) {
 				return true
@@ -162,6 +164,27 @@ func kvReleasable(s *Set, lab *label, b []byte) bool {
 		}
 	}
 	return false
+}
+
+// dropEscapes: b without its escape sequences: a CSI up to its final byte,
+// any other ESC with the byte after it.
+func dropEscapes(b []byte) []byte {
+	var o []byte
+	for i := 0; i < len(b); i++ {
+		if b[i] != 0x1b {
+			o = append(o, b[i])
+			continue
+		}
+		if i+1 < len(b) && b[i+1] == '[' {
+			i += 2
+			for i < len(b) && (b[i] < 0x40 || b[i] > 0x7e) {
+				i++
+			}
+			continue
+		}
+		i++
+	}
+	return o
 }
 
 // isKeywordPrefix: b is a prefix of (or equal to) a rule keyword, ASCII
@@ -178,3 +201,22 @@ func isKeywordPrefix(s *Set, b []byte) bool {
 }
 
 func head(b []byte) []byte { return b[:min(len(b), 80)] }
+
+// brief shows b for a failure message with runs of more than 8 equal
+// bytes collapsed ("<1b x498>") and at most 2000 bytes.
+func brief(b []byte) string {
+	var o strings.Builder
+	for i := 0; i < len(b) && o.Len() < 2000; {
+		j := i
+		for j < len(b) && b[j] == b[i] {
+			j++
+		}
+		if j-i > 8 {
+			fmt.Fprintf(&o, "<%02x x%d>", b[i], j-i)
+		} else {
+			o.WriteString(strings.Trim(strconv.Quote(string(b[i:j])), `"`))
+		}
+		i = j
+	}
+	return o.String()
+}

@@ -296,6 +296,7 @@ type kvScratch struct {
 	opt    []bool
 	found  []kvFound
 	st, nx []int32 // extension state sets
+	reach  int     // see extend
 }
 
 type kvFound struct {
@@ -331,12 +332,19 @@ func (st *kvScratch) normalize(data []byte, from, to int) {
 				gapStart = i
 			}
 			e, _ := seqEnd(data, i)
-			if e <= to {
-				for b := bodyStart(data, i, e); b < e; b++ {
+			if b := bodyStart(data, i, e); b < e && e <= to {
+				// Optional characters end a separator run like plain ones
+				// (a break goes before them): a raw reader sees them.
+				if gap+b-i > kvGapMax && gapStart > from {
+					st.push(0, gapStart, false)
+				}
+				for ; b < e; b++ {
 					st.push(lowerByte(data[b]), b, true)
 				}
+				gap = 0
+			} else {
+				gap += e - i
 			}
-			gap += e - i
 			i = e
 		}
 	}
@@ -367,9 +375,18 @@ func trailing(data []byte, p int, final bool) (open bool, escAt int) {
 		default:
 			e, pend := seqEnd(data, i)
 			if pend {
-				return true, i
+				return gap <= kvGapMax, i // as kvTail sees it
 			}
-			gap += e - i
+			if b := bodyStart(data, i, e); b < e {
+				// optional characters: a break before them ends the
+				// match; past them a new separator run begins (normalize)
+				if gap+b-i > kvGapMax {
+					return false, -1
+				}
+				gap = 0
+			} else {
+				gap += e - i
+			}
 			i = e
 		}
 	}
@@ -576,7 +593,22 @@ func gather(data []byte, p int, esc *escSpan) (first int, key uint32, first2 int
 			gap++
 		default:
 			e := esc.see(data, i)
-			for b := bodyStart(data, i, e); b < e && got2 < kvQ; b++ {
+			b := bodyStart(data, i, e)
+			if b == e {
+				gap += e - i
+				i = e - 1
+				break
+			}
+			// optional characters end a separator run (see normalize)
+			if gap+b-i > kvGapMax {
+				if got > 0 && got < kvQ {
+					got, key = 0, 0
+				}
+				if got2 > 0 && got2 < kvQ {
+					got2, key2 = 0, 0
+				}
+			}
+			for ; b < e && got2 < kvQ; b++ {
 				seq = true
 				if got2 == 0 {
 					first2 = b
@@ -584,7 +616,7 @@ func gather(data []byte, p int, esc *escSpan) (first int, key uint32, first2 int
 				key2 |= uint32(data[b]|0x20) << (8 * got2)
 				got2++
 			}
-			gap += e - i
+			gap = 0
 			i = e - 1
 		}
 		if gap > kvGapMax {
@@ -745,12 +777,16 @@ func (s *Set) kvExtend(sc *scratch, data []byte, g int, f *kvForm, off int) (sta
 // skipped. It returns the farthest form offset reached by taking a
 // character (right: the end, exclusive; left: the offset before the first
 // taken) and the window index of that character (i - dir if none), and
-// whether it ran into the window's edge with states alive.
+// whether it ran into the window's edge with states alive. st.reach is
+// the farthest index where any state took a character (a shorter path
+// may begin before the longest one: a plain character before optional
+// ones).
 func (st *kvScratch) extend(s []byte, i, j, dir int) (bestJ, bestI int, edge bool) {
 	bestJ, bestI = j, i-dir
 	if dir < 0 {
 		bestJ, bestI = j, i+1
 	}
+	st.reach = bestI
 	cur := append(st.st[:0], int32(j))
 	for ; len(cur) > 0; i += dir {
 		if i < 0 || i >= len(st.nb) {
@@ -762,6 +798,7 @@ func (st *kvScratch) extend(s []byte, i, j, dir int) (bestJ, bestI int, edge boo
 		for _, sj := range cur {
 			if sj >= 0 && int(sj) < len(s) && s[sj] == c && !slices.Contains(nx, sj+int32(dir)) {
 				nx = append(nx, sj+int32(dir))
+				st.reach = i
 			}
 		}
 		if st.opt[i] {
@@ -859,7 +896,7 @@ func (s *Set) kvTail(sc *scratch, data []byte) {
 					continue
 				}
 				if l := off - lj; l >= kvQ {
-					p := int(st.np[li])
+					p := int(st.np[min(li, st.reach)])
 					if l >= f.m {
 						sc.holdAt(p, p)
 					} else {
