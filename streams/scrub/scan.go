@@ -73,8 +73,11 @@ func (s *Set) scan(sc *scratch, data []byte, prev int, final, flush bool) (hold,
 	n := len(data)
 	sc.hold, sc.rel, sc.flush = n, n, flush
 	sc.regs = sc.regs[:0]
-	sc.hits = s.pf.scan(data, sc.hits[:0])
-	if !final {
+	sc.hits = sc.hits[:0]
+	if s.pf != nil { // nil in a known-values-only Set (Pair)
+		sc.hits = s.pf.scan(data, sc.hits)
+	}
+	if !final && s.pf != nil {
 		for p := max(0, n-3); p < n; p++ {
 			if s.pf.partial(data[p:]) {
 				sc.holdAt(p, n)

@@ -26,6 +26,10 @@ type Writer struct {
 	counts  map[string]int64
 	err     error
 	closed  bool
+	// base is the stream offset of the first held byte (buf[0], or a
+	// fresh write's p[0]); sink, if set, replaces dst with offsets (Pair).
+	base int64
+	sink func(at int64, raw, repl []byte, mstart int64) bool
 }
 
 // NewWriter returns a Writer that writes the redacted stream to dst.
@@ -134,7 +138,9 @@ func (w *Writer) process(data []byte, final, fresh, flush bool) {
 	hold, rel := w.set.scan(&w.sc, data, w.prev, final, flush)
 	from := w.emitted
 	to := max(hold, from, rel)
-	if to > from {
+	if to > from && w.sink != nil {
+		w.route(data, from, to)
+	} else if to > from {
 		var err error
 		if len(w.sc.regs) == 0 {
 			_, err = w.dst.Write(data[from:to])
@@ -156,10 +162,32 @@ func (w *Writer) process(data []byte, final, fresh, flush bool) {
 		}
 	}
 	w.emitted = to - hold
+	w.base += int64(hold)
 	if fresh {
 		w.buf = append(w.buf[:0], data[hold:]...)
 	} else {
 		w.buf = w.buf[:copy(w.buf, data[hold:])]
 	}
 	w.scanned = len(w.buf)
+}
+
+// route is appendRedacted for a sink: each piece with the stream offset of
+// its first byte; a redaction with its raw bytes and the offset where its
+// match began (before at if Flush released its head), counted if the sink
+// applied it.
+func (w *Writer) route(data []byte, from, to int) {
+	p := from
+	for _, r := range w.sc.regs {
+		if r.end <= from {
+			continue
+		}
+		s := max(r.start, from)
+		w.sink(w.base+int64(p), data[p:s], nil, 0)
+		if w.sink(w.base+int64(s), data[s:r.end], r.lab.repl, w.base+int64(r.start)) {
+			r.lab.ctr.Add(1)
+			w.counts[r.lab.key]++
+		}
+		p = r.end
+	}
+	w.sink(w.base+int64(p), data[p:to], nil, 0)
 }
