@@ -115,11 +115,10 @@ func (s *Server) runCodeIn(ctx context.Context, ses *store.Session, lang string,
 	s.logs.Event(ses.ID, "process_start", map[string]any{"runtime": lang, "contextId": req.ContextID,
 		"code": clip(set.RedactString(req.Code), 256)})
 	out := newCappedOutput(s.cfg.Limits.ExecOutputBytes)
-	stdout, stderr := set.NewWriter(out.writer(&out.stdout)), set.NewWriter(out.writer(&out.stderr))
+	pair := set.NewPair(out.writer(&out.stdout), out.writer(&out.stderr))
 	start := time.Now()
-	res, timedOut, runErr := k.Run(ctx, req.Code, s.cfg.Limits.ExecOutputBytes, timeout, stdout, stderr)
-	stdout.Close()
-	stderr.Close()
+	res, timedOut, runErr := k.Run(ctx, req.Code, s.cfg.Limits.ExecOutputBytes, timeout, pair.Stdout(), pair.Stderr())
+	pair.Close()
 	if errors.Is(runErr, procs.ErrRunPaused) {
 		// Interrupted for a pause: the context and its state stay.
 		res = interp.Result{Error: &interp.Error{Name: "SessionPaused", Value: "the session was paused during the run: the run was interrupted " +

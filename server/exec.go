@@ -13,7 +13,6 @@ import (
 	"sandboxd/runsc"
 	"sandboxd/server/sandbox"
 	"sandboxd/store"
-	"sandboxd/streams/scrub"
 )
 
 type execRequest struct {
@@ -108,14 +107,15 @@ func (s *Server) execCommand(ctx context.Context, ses *store.Session, req *execR
 	// is cut is already redacted, so no secret is ever cut in half.
 	set := cmd.Scrubber
 	out := newCappedOutput(s.cfg.Limits.ExecOutputBytes)
-	stdout, stderr := set.NewWriter(out.writer(&out.stdout)), set.NewWriter(out.writer(&out.stderr))
+	// One Pair: a value split between stdout and stderr is caught too.
+	pair := set.NewPair(out.writer(&out.stdout), out.writer(&out.stderr))
 	xr := runsc.ExecRequest{
 		Args:    []string{"/bin/bash", "-lc", req.Command},
 		Env:     cmd.Env(req.Env),
 		BaseEnv: cmd.Env(nil),
 		Cwd:     req.Cwd,
-		Stdout:  stdout,
-		Stderr:  stderr,
+		Stdout:  pair.Stdout(),
+		Stderr:  pair.Stderr(),
 		Timeout: timeout,
 	}
 	if req.Stdin != nil {
@@ -124,18 +124,15 @@ func (s *Server) execCommand(ctx context.Context, ses *store.Session, req *execR
 	s.logs.Event(ses.ID, "process_start", map[string]any{"command": clip(set.RedactString(req.Command), 256), "cwd": req.Cwd})
 	res, err := s.sessions.Exec(ctx, cmd, xr)
 	cmd.End()
-	stdout.Close()
-	stderr.Close()
+	pair.Close()
 	s.met.exec.Observe(res.Duration.Seconds())
 	if err != nil {
 		return execResponse{}, err
 	}
 	redactions := map[string]int64{}
-	for _, w := range []*scrub.Writer{stdout, stderr} {
-		for k, n := range w.Counts() {
-			if n > 0 {
-				redactions[k] += n
-			}
+	for k, n := range pair.Counts() {
+		if n > 0 {
+			redactions[k] += n
 		}
 	}
 	s.logs.Event(ses.ID, "process_exit", map[string]any{"exitCode": res.ExitCode, "durationMs": res.Duration.Milliseconds(),

@@ -90,6 +90,9 @@ var scrubShellForms = []shellForm{
 	{"python list(k)", `python3 -c 'import os; print(list(os.environ["S"]))'`, true},
 	{"stdout then stderr", `printf %s "${S:0:H}"; printf '%s\n' "${S:H}" >&2`, true},
 	{"stderr then stdout", `printf %s "${S:0:H}" >&2; printf '%s\n' "${S:H}"`, true},
+	// Paced: pieces written faster than the server reads them may arrive
+	// in another order (docs/SECURITY.md).
+	{"alternating stdout/stderr", `Q=$((${#S}/4)); printf %s "${S:0:Q}"; sleep 0.1; printf %s "${S:Q:Q}" >&2; sleep 0.1; printf %s "${S:2*Q:Q}"; sleep 0.1; printf '%s\n' "${S:3*Q}" >&2`, true},
 }
 
 // xxd's and hexdump -C's layouts (hex columns and a text column).
@@ -109,7 +112,7 @@ for i in range(0, len(b), 16):
 print("%08x" % len(b))`
 
 // The representative set for the other paths.
-var scrubPathForms = []string{"raw", "reversed (rev)", "od -An -tx1", "base64 -w8", "SGR between", "utf-16le", "stdout then stderr"}
+var scrubPathForms = []string{"raw", "reversed (rev)", "od -An -tx1", "base64 -w8", "SGR between", "utf-16le", "stdout then stderr", "alternating stdout/stderr"}
 
 func shellFormNamed(t *testing.T, name string) shellForm {
 	for _, f := range scrubShellForms {
@@ -351,12 +354,9 @@ func TestRealScrubForms(t *testing.T) {
 		outs, errs := scrubSplit(t, r.stdout, len(secrets)), scrubSplit(t, r.stderr, len(secrets))
 		for i, sec := range secrets {
 			t.Run(sec.name, func(t *testing.T) {
-				// The client sees both streams: either order may join them.
-				parts := []string{outs[i] + errs[i], errs[i] + outs[i]}
-				if !crossStreamJoined(f.name, sec.value) {
-					parts = []string{outs[i], errs[i]}
-				}
-				scrubCheck(t, leaks, path, f.name, sec, secrets, f.whole && crossStreamJoined(f.name, sec.value), parts...)
+				// The client sees both streams and may join them.
+				parts := streamViews(f.name, sec.value, outs[i], errs[i])
+				scrubCheck(t, leaks, path, f.name, sec, secrets, f.whole, parts...)
 			})
 		}
 	}
@@ -469,6 +469,13 @@ func TestRealScrubForms(t *testing.T) {
 		{"utf-16le", `print(S.encode('utf-16-le').decode('ascii'))`, `console.log(Buffer.from(S, 'utf16le').toString('latin1'))`},
 		{"stdout then stderr", `print(S[:len(S)//2], end='', flush=True); print(S[len(S)//2:], file=sys.stderr)`,
 			`process.stdout.write(S.slice(0, S.length >> 1)); process.stderr.write(S.slice(S.length >> 1) + '\n')`},
+		{"alternating stdout/stderr", `import time
+q = len(S)//4
+for i, f in enumerate([sys.stdout, sys.stderr, sys.stdout, sys.stderr]):
+    print(S[i*q:(i+1)*q] if i < 3 else S[3*q:], end='', file=f, flush=True)
+    time.sleep(0.1)
+print(file=sys.stderr)`,
+			`{ const q = S.length >> 2; for (const i of [0, 1, 2, 3]) { (i % 2 ? process.stderr : process.stdout).write(i < 3 ? S.slice(i*q, (i+1)*q) : S.slice(3*q) + '\n'); Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 100) } }`},
 		{"result reversed", `S[::-1]`, `[...S].reverse().join('')`},
 		{"error with hex", `raise ValueError(S.encode().hex(' '))`, `throw new Error(Buffer.from(S).toString('hex').match(/../g).join(' '))`},
 	}
@@ -488,10 +495,7 @@ func TestRealScrubForms(t *testing.T) {
 						if code != 200 || json.Unmarshal(body, &r) != nil {
 							t.Fatalf("%d %s", code, body)
 						}
-						parts := []string{r.Stdout + r.Stderr, r.Stderr + r.Stdout}
-						if !crossStreamJoined(cf.name, sec.value) {
-							parts = []string{r.Stdout, r.Stderr}
-						}
+						parts := streamViews(cf.name, sec.value, r.Stdout, r.Stderr)
 						if r.Result != nil {
 							parts = append(parts, *r.Result)
 						}
@@ -501,7 +505,7 @@ func TestRealScrubForms(t *testing.T) {
 						for _, d := range r.Display {
 							parts = append(parts, d.Data)
 						}
-						scrubCheck(t, leaks, lang, cf.name, sec, secrets, crossStreamJoined(cf.name, sec.value), parts...)
+						scrubCheck(t, leaks, lang, cf.name, sec, secrets, true, parts...)
 					})
 				}
 			}
@@ -509,12 +513,23 @@ func TestRealScrubForms(t *testing.T) {
 	}
 }
 
-// crossStreamJoined: the guarantee holds for stdout and stderr joined. Each
-// stream is scrubbed on its own, so a value split across the two is caught
-// only when each half alone is k or more bytes: values of 16 bytes or more
-// (k <= n/2). A shorter value split in two shows both halves, each shorter
-// than k (docs/SECURITY.md).
-func crossStreamJoined(form, value string) bool {
-	split := strings.Contains(form, "stdout") && strings.Contains(form, "stderr")
-	return !split || 2*leakThreshold(len(value)) <= len(value)
+// streamViews: what a client can join from the two streams of one command:
+// either after the other, and for the alternating form (quarters of the
+// value on stdout, stderr, stdout, stderr) the quarters put back in turn.
+// Stdout and stderr are scrubbed as one Pair, so none of these shows k
+// characters of the value.
+func streamViews(form, value, stdout, stderr string) []string {
+	views := []string{stdout + stderr, stderr + stdout}
+	if strings.HasPrefix(form, "alternating") {
+		q := len(value) / 4
+		o, e := stdout, stderr
+		cut := func(s string, n int) (string, string) { n = min(n, len(s)); return s[:n], s[n:] }
+		var a, b, c, d string
+		a, o = cut(o, q)
+		b, e = cut(e, q)
+		c, o = cut(o, q)
+		d = e
+		views = append(views, a+b+c+d+o)
+	}
+	return views
 }

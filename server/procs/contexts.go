@@ -443,8 +443,9 @@ func (m *markReader) loop(r io.Reader, mark []byte, maxFrame int) {
 				inFrame = true
 				continue
 			}
-			// Keep a tail that may be the start of a mark.
-			if keep := len(mark) - 1; len(pending) > keep {
+			// Keep only a tail that is the start of a mark: output goes on
+			// as it comes (the merged stdout/stderr view depends on it).
+			if keep := markPrefixTail(pending, mark); len(pending) > keep {
 				if !m.send(markEvent{data: append([]byte(nil), pending[:len(pending)-keep]...)}) {
 					return
 				}
@@ -460,4 +461,15 @@ func (m *markReader) loop(r io.Reader, mark []byte, maxFrame int) {
 			return
 		}
 	}
+}
+
+// markPrefixTail is the length of the longest proper prefix of mark that
+// b ends with.
+func markPrefixTail(b, mark []byte) int {
+	for k := min(len(mark)-1, len(b)); k > 0; k-- {
+		if bytes.HasSuffix(b, mark[:k]) {
+			return k
+		}
+	}
+	return 0
 }

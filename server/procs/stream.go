@@ -118,7 +118,7 @@ func readControl(w *streams.WSConn, tty bool, stdin func([]byte) error, p runsc.
 }
 
 // ServeExec runs one command without a PTY on a socket: frames prefixed by
-// 1 (stdout) or 2 (stderr), each stream through its own scrubber, then the
+// 1 (stdout) or 2 (stderr), scrubbed as a scrub.Pair, then the
 // exit event. Backpressure instead of dropping: a big burst arrives
 // complete and in order. A client that goes away gets the process group
 // killed (Close). It returns when the exit was sent or the socket ended.
@@ -132,23 +132,24 @@ func ServeExec(w *streams.WSConn, p runsc.Process, set *scrub.Set) {
 		}
 		return nil
 	}, p)
+	// One Pair: a value split between stdout and stderr is caught too.
+	pair := set.NewPair(frameWriter{w, 1}, frameWriter{w, 2})
 	var wg sync.WaitGroup
 	for _, st := range []struct {
-		tag byte
+		dst io.Writer
 		src io.Reader
-	}{{1, p.Stdout()}, {2, p.Stderr()}} {
+	}{{pair.Stdout(), p.Stdout()}, {pair.Stderr(), p.Stderr()}} {
 		wg.Add(1)
 		go func() { // ends with the stream (Close ends it early)
 			defer wg.Done()
-			sw := set.NewWriter(frameWriter{w, st.tag})
-			io.Copy(sw, st.src)
-			sw.Close()
+			io.Copy(st.dst, st.src)
 		}()
 	}
 	exitc := make(chan agent.Exit, 1)
 	go func() { // ends when the process ends (Close kills it)
 		e, err := p.Wait()
 		wg.Wait()
+		pair.Close()
 		exitc <- killedExit(e, err)
 	}()
 	select {
