@@ -760,7 +760,6 @@ func TestFormsOptionalFinalHeld(t *testing.T) {
 // skipped) as well as the final itself. Redact starts the match at the
 // plain one; a Writer, whatever the split, must not release it.
 func TestFormsOptionalFinalTie(t *testing.T) {
-	// t.Skip
 	s, _ := formsSet(t)
 	for _, in := range []string{
 		"Z\x1b[Zq9vX2pLmN4t",
