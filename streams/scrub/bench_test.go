@@ -3,6 +3,7 @@ package scrub
 import (
 	"bytes"
 	"encoding/base64"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -159,4 +160,51 @@ func BenchmarkScrubDense(b *testing.B) {
 	data := denseCorpus(rnd, values, 4<<20)
 	benchScrub(b, data, s)
 	b.ReportMetric(float64(bytes.Count(data, []byte("\n"))), "lines")
+}
+
+// BenchmarkScrubCeiling measures, on the clean corpus with the same Set,
+// the parts no scrubber of this design can skip: the keyword prefilter's
+// scan alone, the known-value sampling loop alone (an 8-byte load, the
+// gram's bitmap test, at the stride the shortest match allows; no gathering
+// around separators, no verification), and the two together. The
+// scrubber's figure divided by "both" is how far it is from its own floor.
+func BenchmarkScrubCeiling(b *testing.B) {
+	rnd := rand.New(rand.NewPCG(1, 2))
+	s, _ := benchSet(b, rnd)
+	data := cleanCorpus(rnd, 8<<20)
+	kv := s.kv
+	sample := func(c []byte) int {
+		hits, cnt := 0, 0
+		for p := 0; p+8 <= len(c); p += kv.stride {
+			long := cnt == 0
+			if cnt++; cnt == kv.every {
+				cnt = 0
+			}
+			w := binary.LittleEndian.Uint64(c[p:])
+			if kv.test(uint32(w)|fold4, long) {
+				hits++
+			}
+		}
+		return hits
+	}
+	var hits []int
+	for _, part := range []string{"prefilter", "sampling", "both"} {
+		b.Run(part, func(b *testing.B) {
+			b.SetBytes(int64(len(data)))
+			for b.Loop() {
+				n := 0
+				for off := 0; off < len(data); off += chunk {
+					c := data[off:min(off+chunk, len(data))]
+					if part != "sampling" {
+						hits = s.pf.scan(c, hits[:0])
+					}
+					if part != "prefilter" {
+						n += sample(c)
+					}
+				}
+				b.ReportMetric(float64(n), "kv-hits")
+			}
+			b.ReportMetric(float64(kv.stride), "stride")
+		})
+	}
 }

@@ -803,3 +803,26 @@ func TestLongEscapeRuns(t *testing.T) {
 		}
 	}
 }
+
+// TestFlushPendingSequence: an escape sequence left open at the end (a CSI
+// whose parameter bytes are a value's digits) is not released whole by
+// Flush, whatever the split: if it never ends, its bytes are characters
+// (the fuzz find itself is in testdata/fuzz, bcfbdb5bb106e69a).
+func TestFlushPendingSequence(t *testing.T) {
+	s, _, _ := fuzzSetup(t)
+	for _, form := range []string{"%73%33%63%72%33%74", "115,51,99,114,51,116"} {
+		in := "ok \x1b[" + form
+		for i := 1; i <= len(in); i++ {
+			var b bytes.Buffer
+			w := s.NewWriter(&b)
+			w.Write([]byte(in[:i]))
+			w.Flush()
+			w.Write([]byte(in[i:]))
+			w.Flush()
+			w.Close()
+			if bytes.Contains(b.Bytes(), []byte(form)) || !bytes.Contains(b.Bytes(), []byte("[REDACTED:short6]")) {
+				t.Errorf("%q, flushed after %d: %q", form, i, b.String())
+			}
+		}
+	}
+}

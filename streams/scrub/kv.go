@@ -45,10 +45,11 @@ type kvOcc struct{ form, off int32 }
 // kvIndex is the compiled known values of a Set (immutable).
 type kvIndex struct {
 	forms  []kvForm
-	bits   []uint64 // 2^kvBitsLog bits: folded grams of forms with short matches
-	bitsL  []uint64 // the same for forms with long matches (hex and per-byte encodings)
+	bits   []uint64 // 2^log bits: folded grams of forms with short matches
+	bitsL  []uint64 // 2^logL bits: the same for forms with long matches (hex and per-byte encodings)
 	every  int      // long forms are looked up at every every-th sample
-	log    int      // log2 of the bitmaps' size in bits
+	log    int      // log2 of bits' size in bits
+	logL   int
 	tab    gramTable
 	one    byteSet  // lower-case characters of the forms
 	two    []uint64 // 2^16 bits: 2-character substrings
@@ -138,19 +139,26 @@ func newKVIndex(values []namedValue, labs map[string]*label) *kvIndex {
 	kv.every = max(1, (minL-kvQ+1)/kv.stride)
 	// Bitmaps sized to the forms (about 3% full): a session with a few
 	// secrets takes tens of KiB and stays in cache; 100 values take 512 KiB.
-	n := 0
+	// Each sized to its own forms: the short forms' bitmap, tested at
+	// every sample, stays small (in cache) however many long forms there are.
+	n, nL := 0, 0
 	for _, f := range kv.forms {
-		n += len(f.s)
+		if f.m >= kvLongM {
+			nL += len(f.s)
+		} else {
+			n += len(f.s)
+		}
 	}
 	kv.log = min(kvBitsLog, max(12, bits.Len(uint(32*n))))
+	kv.logL = min(kvBitsLog, max(12, bits.Len(uint(32*nL))))
 	kv.bits = make([]uint64, 1<<(kv.log-6))
-	kv.bitsL = make([]uint64, 1<<(kv.log-6))
+	kv.bitsL = make([]uint64, 1<<(kv.logL-6))
 	grams := map[uint32][]kvOcc{}
 	for fi := range kv.forms {
 		f := &kv.forms[fi]
-		bm := kv.bits
+		bm, lg := kv.bits, kv.log
 		if f.m >= kvLongM {
-			bm = kv.bitsL
+			bm, lg = kv.bitsL, kv.logL
 		}
 		fs := map[uint32]bool{}
 		for j := 0; j+kvQ <= len(f.s); j++ {
@@ -160,7 +168,7 @@ func newKVIndex(values []namedValue, labs map[string]*label) *kvIndex {
 			}
 			fs[key] = true
 			grams[key] = append(grams[key], kvOcc{int32(fi), int32(j)})
-			h := kv.hash(key)
+			h := gramHash(key, lg)
 			bm[h>>6] |= 1 << (h & 63)
 		}
 		for j, c := range f.s {
@@ -179,14 +187,17 @@ func newKVIndex(values []namedValue, labs map[string]*label) *kvIndex {
 	return kv
 }
 
-func (kv *kvIndex) hash(key uint32) uint32 { return (key * hashMul) >> (32 - kv.log) }
+func gramHash(key uint32, log int) uint32 { return (key * hashMul) >> (32 - log) }
 
 func hash3(x uint32) uint32 { return (x * 0x85EBCA77) >> (32 - 20) }
 
 // test: key may be a gram of a short-match form, or (long) of any form.
 func (kv *kvIndex) test(key uint32, long bool) bool {
-	h := kv.hash(key)
-	return kv.bits[h>>6]&(1<<(h&63)) != 0 || long && kv.bitsL[h>>6]&(1<<(h&63)) != 0
+	if h := gramHash(key, kv.log); kv.bits[h>>6]&(1<<(h&63)) != 0 {
+		return true
+	}
+	h := gramHash(key, kv.logL)
+	return long && kv.bitsL[h>>6]&(1<<(h&63)) != 0
 }
 
 // gramTable maps a folded gram to its occurrences in the forms.
@@ -833,19 +844,27 @@ func (st *kvScratch) extend(s []byte, i, j, dir int) (bestJ, bestI int, edge boo
 // shows fewer than k characters) and stays as context. An undecided escape
 // sequence at the end is held too (Flush may release it).
 func (s *Set) kvTail(sc *scratch, data []byte) {
-	kv := s.kv
-	st := &sc.kvs
 	// An escape sequence still undecided at the end is held (Flush may
-	// release it) and is a separator for what comes before it.
+	// release it) and is a separator for what comes before it. Its bytes
+	// are characters if it turns out to be none (an ESC alone, as Redact
+	// at the end reads it): a candidate they end is held as any other.
 	for j := len(data) - 1; j >= max(0, len(data)-csiMax); j-- {
 		if data[j] == 0x1b {
 			if _, pend := seqEnd(data, j); pend {
 				sc.holdAt(j, len(data))
+				s.kvTailChars(sc, data)
 				data = data[:j]
 			}
 			break
 		}
 	}
+	s.kvTailChars(sc, data)
+}
+
+// kvTailChars is kvTail for the characters at the end of data.
+func (s *Set) kvTailChars(sc *scratch, data []byte) {
+	kv := s.kv
+	st := &sc.kvs
 	n := len(data)
 	st.ws, st.we = 0, -1 // the window may hold more than data now
 	st.window(data, n-4*csiMax, n)
