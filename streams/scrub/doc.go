@@ -7,7 +7,9 @@
 // # Concurrency
 //
 // A Set is immutable and safe for concurrent use (Redact, NewWriter,
-// WithValues, Counts). A Writer belongs to one stream and one goroutine.
+// NewPair, WithValues, Counts). A Writer belongs to one stream and one
+// goroutine; a Pair's two writers may be used from two goroutines (it
+// serialises them).
 // Counters are atomic and shared by a Set family (see Set.Counts);
 // Writer.Counts has one stream's counts. Values are never logged or
 // counted by value: counter keys are rule ids and "value:<name>".
@@ -33,19 +35,24 @@
 // sequences (CSI, ESC and one byte) are left out, so single separators or
 // colour codes between characters, a value split over lines or by \r,
 // base64 at any wrap width, `od -An -tx1` and UTF-16's NULs all read as
-// the form itself. A run of more than 32 separator bytes breaks a match. An
-// escape sequence's final byte (a letter a terminal swallows) may be taken
-// or skipped. The redaction covers the first to the last byte matched.
+// the form itself. A run of more than 32 separator bytes breaks a match. The
+// bytes an escape sequence hides (a CSI's parameters and final byte, the
+// byte after ESC) are optional characters: a match may take or skip them,
+// and like other characters they end a separator run. The redaction covers the first to the last byte matched.
 // Overlapping matches merge into one redaction labelled by the earliest
 // (on a tie: known value, then rules in file order), counted once.
 //
 // Out of reach on purpose: a value spread over separate writes with other
-// text between (a value typed a character a minute across commands, or
-// split between stdout and stderr with output between: each stream is
-// scrubbed on its own, so a value of fewer than 16 bytes split in half
-// shows both halves); encodings not listed (a cipher, gzip, rot13, a
-// custom interleaving of escape sequences whose final bytes carry the
-// value); and runs shorter than k.
+// text between (a value typed a character a minute across commands);
+// pieces written to stdout and stderr in turn faster than they are read
+// (see Pair); encodings not listed (a cipher, gzip, rot13, a custom
+// interleaving of escape sequences whose final bytes carry the value); and
+// runs shorter than k.
+//
+// Pair scrubs a process's stdout and stderr: each stream alone, and before
+// that both merged in arrival order for known values, so a value split
+// between the streams (halves, or alternating pieces written at a normal
+// pace) is redacted where it begins.
 //
 // # How
 //
