@@ -149,7 +149,7 @@ func newKVIndex(values []namedValue, labs map[string]*label) *kvIndex {
 			n += len(f.s)
 		}
 	}
-	kv.log = min(kvBitsLog, max(12, bits.Len(uint(32*n))))
+	kv.log = min(kvBitsLog, max(12, bits.Len(uint(128*n)))) // tested at every sample: sparser
 	kv.logL = min(kvBitsLog, max(12, bits.Len(uint(32*nL))))
 	kv.bits = make([]uint64, 1<<(kv.log-6))
 	kv.bitsL = make([]uint64, 1<<(kv.logL-6))
