@@ -171,8 +171,10 @@ func compileRule(r Rule) (*crule, error) {
 			return nil, errf("keyword %q: length must be 3..64 bytes", k)
 		}
 		for i := 0; i < len(k); i++ {
-			if k[i] < 0x21 || k[i] > 0x7e {
-				return nil, errf("keyword %q: printable ASCII only", k)
+			// a space may follow the first byte ("-u "): a keyword of
+			// three bytes that a blank ends
+			if (k[i] < 0x21 || k[i] > 0x7e) && (i == 0 || k[i] != ' ') {
+				return nil, errf("keyword %q: printable ASCII only (a space after the first byte)", k)
 			}
 		}
 	}
