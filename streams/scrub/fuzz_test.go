@@ -60,6 +60,7 @@ func FuzzScrub(f *testing.F) {
 	f.Add([]byte("\x1b[32mok\x1b[0m\r50%\r100%\n\xff\xfe"), uint64(2))
 	f.Add([]byte("password=\npostgres://u:@h sk- AKIA eyJ.eyJ. -----BEGIN"), uint64(3))
 	f.Add(bytes.Repeat([]byte("Zq9vX2pLmN"), 30), uint64(4))
+	f.Add([]byte("\x1b(B\x1b[m$ \x1b]0;title\x07\x1b)0\x1b(\x1b[01;31m\x1b[K"), uint64(5))
 	f.Fuzz(func(t *testing.T, clean []byte, seed uint64) {
 		if len(clean) > 1<<16 {
 			return

@@ -166,8 +166,7 @@ func kvReleasable(s *Set, lab *label, b []byte) bool {
 	return false
 }
 
-// dropEscapes: b without its escape sequences: a CSI up to its final byte,
-// any other ESC with the byte after it.
+// dropEscapes: b without its escape sequences (as seqEnd reads them).
 func dropEscapes(b []byte) []byte {
 	var o []byte
 	for i := 0; i < len(b); i++ {
@@ -175,14 +174,9 @@ func dropEscapes(b []byte) []byte {
 			o = append(o, b[i])
 			continue
 		}
-		if i+1 < len(b) && b[i+1] == '[' {
-			i += 2
-			for i < len(b) && (b[i] < 0x40 || b[i] > 0x7e) {
-				i++
-			}
-			continue
+		if e, _ := seqEnd(b, i); e > i+1 {
+			i = e - 1
 		}
-		i++
 	}
 	return o
 }

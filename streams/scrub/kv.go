@@ -248,15 +248,32 @@ func (t *gramTable) get(key uint32) []kvOcc {
 
 // seqEnd returns the end of the escape sequence starting with ESC at
 // data[i]: a CSI (ESC '[', parameter and intermediate bytes 0x20-0x3f,
-// one final byte 0x40-0x7e, at most csiMax bytes) or ESC and one byte
-// 0x20-0x7e; ESC alone otherwise. pending: the end of data came before the
-// sequence's end was decided.
+// one final byte 0x40-0x7e, at most csiMax bytes), an nF escape (ESC,
+// intermediate bytes 0x20-0x2f, a final byte 0x30-0x7e: "ESC ( B" of tput
+// sgr0) or ESC and one byte 0x20-0x7e (also an nF escape cut short by
+// another byte); ESC alone otherwise. pending: the end of data came before
+// the sequence's end was decided.
 func seqEnd(data []byte, i int) (end int, pending bool) {
 	n := len(data)
 	if i+1 >= n {
 		return i + 1, true
 	}
 	c := data[i+1]
+	if c >= 0x20 && c <= 0x2f {
+		for j := i + 2; j < i+csiMax && j <= n; j++ {
+			if j == n {
+				return i + 1, true
+			}
+			switch c := data[j]; {
+			case c >= 0x20 && c <= 0x2f:
+			case c >= 0x30 && c <= 0x7e:
+				return j + 1, false
+			default:
+				return i + 2, false
+			}
+		}
+		return i + 2, false
+	}
 	if c != '[' {
 		if c >= 0x20 && c <= 0x7e {
 			return i + 2, false

@@ -38,3 +38,33 @@ func TestRuleSamplesNoRun(t *testing.T) {
 		}
 	}
 }
+
+// TestRulesAfterColour: every rule's positive samples with a colour code
+// right before the match (as grep --color and coloured logs print tokens):
+// the escape sequence reads as a boundary, so rules that begin with \b
+// still match (80 samples leaked before).
+func TestRulesAfterColour(t *testing.T) {
+	rules := loadRules(t)
+	s := ruleSet(t)
+	rnd := rand.New(rand.NewPCG(7, 8))
+	for _, r := range rules {
+		re := regexp.MustCompile(r.Regex)
+		for _, p := range r.Positive {
+			sample, err := ExpandSample(p, rnd)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m := re.FindStringSubmatchIndex(sample)
+			sec := sample[m[2*r.SecretGroup]:m[2*r.SecretGroup+1]]
+			for _, sgr := range []string{"\x1b[01;31m\x1b[K", "\x1b[32m", "\x1b(B"} {
+				in := sample[:m[0]] + sgr + sample[m[0]:] + "\x1b[m"
+				if out := s.RedactString(in); sec != "" && strings.Contains(out, sec) {
+					t.Errorf("%s after %q: %q", r.ID, sgr, out)
+				}
+				if got := string(stream(t, s, []byte(in), []int{m[0] + 1, len(in) - m[0] - 1}, false)); got != s.RedactString(in) {
+					t.Errorf("%s after %q: streamed %q", r.ID, sgr, got)
+				}
+			}
+		}
+	}
+}

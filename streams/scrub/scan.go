@@ -28,6 +28,7 @@ type scratch struct {
 	fast    fastState
 	kvs     kvScratch
 	before  []byte // up to lookBehind input bytes before data (a Writer's)
+	seqBuf  []byte // afterSeq's joined view
 	// The current scan's results: data[hold:] must be kept; in flush mode
 	// data[hold:rel] is only a keyword prefix (see scan).
 	hold, rel int
@@ -194,6 +195,9 @@ func (s *Set) evalRule(sc *scratch, ri int, data []byte, i, kw, prev int, final 
 		}
 	}
 	if r.lb != 0 {
+		if pb >= 0 && afterSeq(sc, data, i) {
+			pb = ' ' // a colour code before a token (grep --color): a terminal shows a boundary
+		}
 		wb := isWordByte(pb) != isWordByte(int(data[i]))
 		if wb != (r.lb == syntax.EmptyWordBoundary) {
 			return
@@ -258,7 +262,24 @@ func (s *Set) evalRule(sc *scratch, ri int, data []byte, i, kw, prev int, final 
 
 // lookBehind is how many input bytes before a scan's data a Writer keeps
 // for rules' not_after words.
-const lookBehind = 16
+const lookBehind = csiMax // a whole escape sequence before a keyword (afterSeq)
+
+// afterSeq: the bytes before data[i] (sc.before, then data) end with a
+// complete escape sequence.
+func afterSeq(sc *scratch, data []byte, i int) bool {
+	v := data[max(0, i-csiMax):i]
+	if i < csiMax && len(sc.before) > 0 {
+		sc.seqBuf = append(append(sc.seqBuf[:0], sc.before...), data[:i]...)
+		v = sc.seqBuf
+	}
+	for j := len(v) - 1; j >= max(0, len(v)-csiMax); j-- {
+		if v[j] == 0x1b {
+			e, pend := seqEnd(v, j)
+			return !pend && e == len(v) && e > j+1
+		}
+	}
+	return false
+}
 
 // endsWithFold: before+data ends with w, ASCII case-insensitively.
 func endsWithFold(before, data []byte, w string) bool {
