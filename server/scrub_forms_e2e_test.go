@@ -360,6 +360,35 @@ func TestRealScrubForms(t *testing.T) {
 			})
 		}
 	}
+	// Token shapes (not registered values) as real tools print them: grep
+	// --color puts a colour code right before the token, tput sgr0 an nF
+	// escape; env and python print them plainly.
+	t.Run("token shapes", func(t *testing.T) {
+		t.Parallel()
+		tokens := map[string]string{
+			"github":    "ghp_" + strings.Repeat("aB3dE6gH9k", 3) + "123456",
+			"gitlab":    "glpat-" + strings.Repeat("Xy7_k2Lm9Q", 2),
+			"openai":    "sk-proj-" + strings.Repeat("Zq9vX2pLmN4tR8sW", 4),
+			"anthropic": "sk-ant-api03-" + strings.Repeat("aZ9-bY8_cX7", 8) + "AA",
+			"hf":        "hf_" + strings.Repeat("kLmNoPqRsT", 3) + "uVwXy",
+		}
+		for name, tok := range tokens {
+			for form, cmd := range map[string]string{
+				"grep --color": `printf 'TOKEN=%s\n' "$T" | grep --color=always -e "${T:0:4}"`,
+				"tput sgr0":    `printf '\033(B\033[m%s\033(B\033[m\n' "$T"`,
+				"env":          `export MY_TOKEN="$T"; env | grep '^MY_TOKEN='`,
+				"python":       `python3 -c 'import os; print({"token": os.environ["T"]})'`,
+			} {
+				r := scrubExec(h, id, "export T='"+tok+"'; "+cmd)
+				if r.err != nil || r.exit != 0 {
+					t.Fatalf("%s/%s: %v exit %d %q", name, form, r.err, r.exit, r.stderr)
+				}
+				if strings.Contains(r.stdout, tok[len(tok)-12:]) || !strings.Contains(r.stdout, "[REDACTED:") {
+					t.Errorf("%s/%s: %q", name, form, r.stdout)
+				}
+			}
+		}
+	})
 	t.Run("rest exec", func(t *testing.T) {
 		t.Parallel()
 		for _, f := range scrubShellForms {

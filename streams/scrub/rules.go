@@ -272,5 +272,6 @@ func (r *crule) followBytes(kw string) byteSet {
 			}
 		}
 	}
+	f.add(0x1b) // a colour code between the keyword and the rest (evalStripped)
 	return f
 }

@@ -68,3 +68,48 @@ func TestRulesAfterColour(t *testing.T) {
 		}
 	}
 }
+
+// TestRulesColourInside: grep --color highlights what was searched for:
+// the keyword, or the keyword and more of the token. With the colour code
+// after the highlighted part inside the match, the rule still matches (on
+// the window without escape sequences) and nothing of the secret shows.
+// A highlight ending inside the keyword itself splits it: out of reach.
+func TestRulesColourInside(t *testing.T) {
+	rules := loadRules(t)
+	s := ruleSet(t)
+	rnd := rand.New(rand.NewPCG(9, 10))
+	for _, r := range rules {
+		re := regexp.MustCompile(r.Regex)
+		for _, p := range r.Positive {
+			sample, err := ExpandSample(p, rnd)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m := re.FindStringSubmatchIndex(sample)
+			sec := sample[m[2*r.SecretGroup]:m[2*r.SecretGroup+1]]
+			kw := 0
+			for _, k := range r.Keywords {
+				if i := strings.Index(strings.ToLower(sample[m[0]:m[1]]), strings.ToLower(k)); i >= 0 && (kw == 0 || i+len(k) < kw) {
+					kw = i + len(k)
+				}
+			}
+			if kw == 0 || len(sec) < 8 {
+				continue
+			}
+			for _, h := range []int{kw, kw + 1, kw + 4} {
+				if m[0]+h >= m[1] {
+					continue
+				}
+				in := sample[:m[0]] + "\x1b[01;31m\x1b[K" + sample[m[0]:m[0]+h] + "\x1b[m\x1b[K" + sample[m[0]+h:]
+				out := s.RedactString(in)
+				if strings.Contains(string(dropEscapes([]byte(out))), sec) {
+					t.Errorf("%s, highlight of %d: %q", r.ID, h, out)
+				}
+				k := m[0] + h + 3
+				if got := string(stream(t, s, []byte(in), []int{k, len(in) - k}, false)); got != out {
+					t.Errorf("%s, highlight of %d: streamed %q, whole %q", r.ID, h, got, out)
+				}
+			}
+		}
+	}
+}

@@ -29,6 +29,8 @@ type scratch struct {
 	kvs     kvScratch
 	before  []byte // up to lookBehind input bytes before data (a Writer's)
 	seqBuf  []byte // afterSeq's joined view
+	sw      []byte  // evalStripped's window without escape sequences
+	sp      []int32 // and the raw position of each of its bytes
 	// The current scan's results: data[hold:] must be kept; in flush mode
 	// data[hold:rel] is only a keyword prefix (see scan).
 	hold, rel int
@@ -213,6 +215,10 @@ func (s *Set) evalRule(sc *scratch, ri int, data []byte, i, kw, prev int, final 
 			break
 		}
 	}
+	if bytes.IndexByte(data[i:end], 0x1b) >= 0 {
+		s.evalStripped(sc, ri, data, i, kw, pb, final)
+		return
+	}
 	byLen := !cut && i+r.window <= len(data)
 	complete := cut || byLen
 	w := data[i:end]
@@ -258,6 +264,87 @@ func (s *Set) evalRule(sc *scratch, ri int, data []byte, i, kw, prev int, final 
 		return
 	}
 	sc.regs = append(sc.regs, region{start: i + gs, end: i + ge, mstart: i, mend: i + loc[1], lab: r.lab})
+}
+
+// evalStripped is evalRule for a window that holds an ESC: a colour code
+// inside a match (grep --color highlighting "TOKEN" of TOKEN=value,
+// or the ghp_ of a token). The rule runs on the window with its escape
+// sequences left out; the match maps back to the raw bytes, and the
+// redaction takes the sequences inside it. The raw window is bounded
+// (sequences without characters between cannot hold a stream forever).
+func (s *Set) evalStripped(sc *scratch, ri int, data []byte, i, kw, pb int, final bool) {
+	r := s.rules[ri]
+	sw, sp := sc.sw[:0], sc.sp[:0]
+	limit := min(len(data), i+2*r.window+4*csiMax)
+	cut, pending := false, false
+	j := i
+	for j < limit && len(sw) < r.window {
+		c := data[j]
+		if c == 0x1b {
+			e, pend := seqEnd(data, j)
+			if pend && !final {
+				pending = true
+				break
+			}
+			if !pend && e > j+1 {
+				j = e
+				continue
+			}
+		}
+		sw, sp = append(sw, c), append(sp, int32(j))
+		j++
+		if !r.bytes.has(c) {
+			cut = true
+			break
+		}
+	}
+	sc.sw, sc.sp = sw, sp
+	byLen := !cut && len(sw) >= r.window
+	complete := cut || byLen || j >= i+2*r.window+4*csiMax
+	if pending || !complete && !final {
+		alive, matched := r.live.run(&sc.nfa, sw, pb, false)
+		if alive {
+			sc.holdAt(i, i+kw)
+			return
+		}
+		if !matched {
+			return
+		}
+	}
+	var loc []int
+	ok := false
+	if r.fast != nil {
+		loc, ok = r.fast.match(&sc.fast, sw, pb, sc.loc)
+		if loc != nil {
+			sc.loc = loc
+		}
+	}
+	if !ok {
+		loc = r.re.FindSubmatchIndex(sw)
+	}
+	raw := func(k int) int { // raw end of the first k window bytes
+		if k == 0 {
+			return i
+		}
+		return int(sp[k-1]) + 1
+	}
+	if loc == nil {
+		if byLen {
+			if alive, _ := r.live.run(&sc.nfa, sw, pb, false); alive {
+				e := raw(r.src.MaxLen)
+				sc.regs = append(sc.regs, region{start: i, end: e, mstart: i, mend: e, lab: r.lab})
+				sc.lastEnd[ri] = e
+			}
+		}
+		return
+	}
+	sc.lastEnd[ri] = raw(loc[1])
+	g := r.src.SecretGroup
+	gs, ge := loc[2*g], loc[2*g+1]
+	if gs < 0 || gs == ge {
+		return
+	}
+	sc.regs = append(sc.regs, region{start: int(sp[gs]), end: raw(ge), mstart: i, mend: raw(loc[1]), lab: r.lab})
 }
 
 // lookBehind is how many input bytes before a scan's data a Writer keeps

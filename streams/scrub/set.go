@@ -182,6 +182,8 @@ func (s *Set) build() {
 				f[w] |= s.rules[ri].bytes[w]
 			}
 		}
+		f.add(0x1b) // a colour code inside a match (evalStripped)
+		f.add('[')
 		return f
 	})
 	s.buildValues()
