@@ -365,16 +365,23 @@ func TestRealScrubForms(t *testing.T) {
 	// escape; env and python print them plainly.
 	t.Run("token shapes", func(t *testing.T) {
 		t.Parallel()
-		tokens := map[string]string{
-			"github":    "ghp_" + strings.Repeat("aB3dE6gH9k", 3) + "123456",
-			"gitlab":    "glpat-" + strings.Repeat("Xy7_k2Lm9Q", 2),
-			"openai":    "sk-proj-" + strings.Repeat("Zq9vX2pLmN4tR8sW", 4),
-			"anthropic": "sk-ant-api03-" + strings.Repeat("aZ9-bY8_cX7", 8) + "AA",
-			"hf":        "hf_" + strings.Repeat("kLmNoPqRsT", 3) + "uVwXy",
+		// the token and how much of it grep is asked for (a keyword split
+		// by a highlight is out of reach: docs/SECURITY.md)
+		tokens := map[string]struct {
+			tok string
+			hl  int
+		}{
+			"github":    {"ghp_" + strings.Repeat("aB3dE6gH9k", 3) + "123456", 4},
+			"gitlab":    {"glpat-" + strings.Repeat("Xy7_k2Lm9Q", 2), 8},
+			"openai":    {"sk-proj-" + strings.Repeat("Zq9vX2pLmN4tR8sW", 4), 8},
+			"anthropic": {"sk-ant-api03-" + strings.Repeat("aZ9-bY8_cX7", 8) + "AA", 7},
+			"hf":        {"hf_" + strings.Repeat("kLmNoPqRsT", 3) + "uVwX", 3},
 		}
-		for name, tok := range tokens {
+		for name, tk := range tokens {
+			tok := tk.tok
 			for form, cmd := range map[string]string{
-				"grep --color": `printf 'TOKEN=%s\n' "$T" | grep --color=always -e "${T:0:4}"`,
+				"grep --color": fmt.Sprintf(`printf 'TOKEN=%%s\n' "$T" | grep --color=always -e "${T:0:%d}"`, tk.hl),
+				"env | grep --color TOKEN": `export MY_TOKEN="opaque${T: -20}"; env | grep --color=always TOKEN`,
 				"tput sgr0":    `printf '\033(B\033[m%s\033(B\033[m\n' "$T"`,
 				"env":          `export MY_TOKEN="$T"; env | grep '^MY_TOKEN='`,
 				"python":       `python3 -c 'import os; print({"token": os.environ["T"]})'`,
