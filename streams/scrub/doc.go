@@ -54,6 +54,12 @@
 // between the streams (halves, or alternating pieces written at a normal
 // pace) is redacted where it begins.
 //
+// Rules read the stream as a terminal shows it: an escape sequence right
+// before a keyword is a boundary for \b, and a rule's window that holds
+// one is matched with its sequences left out (a colour code inside a
+// match, as grep --color prints the part searched for); the redaction
+// covers the sequences inside the match.
+//
 // # How
 //
 // Rules: anchors are the rule keywords (ASCII case-insensitive). A
