@@ -27,8 +27,8 @@ type scratch struct {
 	loc     []int
 	fast    fastState
 	kvs     kvScratch
-	before  []byte // up to lookBehind input bytes before data (a Writer's)
-	seqBuf  []byte // afterSeq's joined view
+	before  []byte  // up to lookBehind input bytes before data (a Writer's)
+	seqBuf  []byte  // afterSeq's joined view
 	sw      []byte  // evalStripped's window without escape sequences
 	sp      []int32 // and the raw position of each of its bytes
 	// The current scan's results: data[hold:] must be kept; in flush mode
