@@ -3,6 +3,7 @@ package scrub
 import (
 	"bytes"
 	"math/rand/v2"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -136,5 +137,43 @@ func TestPairConcurrent(t *testing.T) {
 	}
 	if _, err := p.Stdout().Write([]byte("x")); err != ErrClosed {
 		t.Errorf("write after Close: %v", err)
+	}
+}
+
+// TestPairRandom: a value's pieces and clean text go to stdout and stderr
+// in random turns, split at random, with Flush at random: neither stream
+// shows k characters of it in a row (each stream is still scrubbed on its
+// own), and in the merged order of writes the value is not readable when
+// nothing came between its pieces.
+func TestPairRandom(t *testing.T) {
+	s, values, _ := fuzzSetup(t)
+	rnd := rand.New(rand.NewPCG(11, 12))
+	for range 400 {
+		v := values[[]string{"db", "gh", "sym"}[rnd.IntN(3)]]
+		var writes []pairWrite
+		junk := rnd.IntN(2) == 0
+		for rest := v; rest != ""; {
+			n := 1 + rnd.IntN(len(rest))
+			writes = append(writes, pairWrite{rnd.IntN(2), rest[:n]})
+			rest = rest[n:]
+			if junk && rnd.IntN(3) == 0 {
+				writes = append(writes, pairWrite{rnd.IntN(2), string(cleanCorpus(rnd, 40)[:1+rnd.IntN(30)])})
+			}
+		}
+		writes = append(writes, pairWrite{rnd.IntN(2), "\n"})
+		out, errOut := runPair(s, writes, rnd.IntN(2) == 0)
+		for _, o := range []string{out, errOut} {
+			if leaks([]byte(o), v) {
+				t.Fatalf("writes %v\nstdout %q\nstderr %q", writes, out, errOut)
+			}
+		}
+		if !junk {
+			// Nothing came between the pieces: in write order the streams
+			// held the value, so together they show fewer than k of it.
+			left := regexp.MustCompile(`\[REDACTED:[^\]]*\]|\n`).ReplaceAllString(out+errOut, "")
+			if len(left) >= KnownRun(len(v)) {
+				t.Fatalf("%q shows\nwrites %v\nstdout %q\nstderr %q", left, writes, out, errOut)
+			}
+		}
 	}
 }
