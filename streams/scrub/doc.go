@@ -120,13 +120,14 @@
 // checks this too). Close releases everything.
 //
 // A Writer holds at most the longest rule window (max_len + 1, 64 KiB at
-// most) or, for known values, the longest form times 33 bytes (a match may
-// have up to 32 separator bytes between characters) plus 32 bytes of an
+// most; twice that plus 128 bytes when the window holds escape sequences)
+// or, for known values, the longest form times 33 bytes (a match may have
+// up to 32 separator bytes between characters) plus 32 bytes of an
 // undecided escape sequence; peak memory per stream is that plus one
-// write. A scan restarts at its hold, never inside an escape sequence.
+// write. A Pair holds at most twice a Writer's. A scan restarts at its
+// hold, never inside an escape sequence.
 //
 // Known limits: (?i) literals in the fast matcher fold ASCII only; a
-// leading \b in a rule is checked against the byte before the keyword, and
-// colour codes (ESC[31m) put a word character there, so a token printed
-// right after one is missed by the few rules that begin with \b.
+// colour code inside a rule's keyword (grep --color highlighting "glpa" of
+// "glpat-") hides the keyword.
 package scrub
