@@ -31,6 +31,7 @@ const (
 	csiMax      = 32
 	kvMinM      = 6
 	kvLongM     = 20 // forms whose shortest match is this long are sampled less often
+	gatherMax   = 4 * (kvGapMax + csiMax)
 )
 
 type kvForm struct {
@@ -598,7 +599,11 @@ func gather(data []byte, p int, esc *escSpan) (first int, key uint32, first2 int
 			got2++
 		}
 	}
-	for ; i < n && (got < kvQ || seq && got2 < kvQ); i++ {
+	// A gram spread over more than gatherMax bytes (optional characters
+	// between its characters, each ending a separator run) is not looked
+	// for: bounded work a sample.
+	lim := min(n, p+gatherMax)
+	for ; i < lim && (got < kvQ || seq && got2 < kvQ); i++ {
 		c := data[i]
 		switch sepClass[c] {
 		case 0:
@@ -653,6 +658,12 @@ func gather(data []byte, p int, esc *escSpan) (first int, key uint32, first2 int
 			}
 			if got2 > 0 && got2 < kvQ {
 				got2, key2 = 0, 0
+			}
+			if got == 0 && got2 == 0 {
+				// A break with nothing gathered: a later sample, within a
+				// stride of its end, gathers what follows (scanning on
+				// through a long run from every sample is quadratic).
+				break
 			}
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestSecretAtEndOfStream(t *testing.T) {
@@ -360,6 +361,36 @@ func TestFlushValuePrefix(t *testing.T) {
 			if want := "$ " + shown + "[REDACTED:v]\n"; out.String() != want {
 				t.Errorf("%q|%q: output %q, want %q", v[:cut], v[cut:], out.String(), want)
 			}
+		}
+	}
+}
+
+// TestSeparatorFloodsLinear: output made of separators and escape
+// sequences, with known values registered, scrubs in linear time (a sample
+// gathered on through a whole separator run: 256 KiB of ESC took minutes,
+// found by a red-team review). The bound is loose (minutes before, a few
+// milliseconds now).
+func TestSeparatorFloodsLinear(t *testing.T) {
+	s, _, _ := fuzzSetup(t)
+	limit := 2 * time.Second
+	if raceEnabled {
+		limit *= 10
+	}
+	for _, p := range []string{"\x1b", "\x00", " ", "\r", "\x1b\x1bx", "\x1b[", "Z\x1b[31mq\x1b[0m ", "\\u0000", "\x1b]0;"} {
+		in := bytes.Repeat([]byte(p), 256<<10/len(p))
+		st := time.Now()
+		whole := s.Redact(in)
+		var b bytes.Buffer
+		w := s.NewWriter(&b)
+		for off := 0; off < len(in); off += 4096 {
+			w.Write(in[off:min(off+4096, len(in))])
+		}
+		w.Close()
+		if d := time.Since(st); d > limit {
+			t.Errorf("%q x %d: %v", p, len(in)/len(p), d)
+		}
+		if !bytes.Equal(b.Bytes(), whole) {
+			t.Errorf("%q: streamed != whole", p)
 		}
 	}
 }
