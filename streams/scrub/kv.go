@@ -32,6 +32,7 @@ const (
 	kvMinM      = 6
 	kvLongM     = 20 // forms whose shortest match is this long are sampled less often
 	gatherMax   = 4 * (kvGapMax + csiMax)
+	kvStates    = csiMax + 8 // extension states: every way through one escape sequence
 )
 
 type kvForm struct {
@@ -249,32 +250,16 @@ func (t *gramTable) get(key uint32) []kvOcc {
 
 // seqEnd returns the end of the escape sequence starting with ESC at
 // data[i]: a CSI (ESC '[', parameter and intermediate bytes 0x20-0x3f,
-// one final byte 0x40-0x7e, at most csiMax bytes), an nF escape (ESC,
-// intermediate bytes 0x20-0x2f, a final byte 0x30-0x7e: "ESC ( B" of tput
-// sgr0) or ESC and one byte 0x20-0x7e (also an nF escape cut short by
-// another byte); ESC alone otherwise. pending: the end of data came before
-// the sequence's end was decided.
+// one final byte 0x40-0x7e, at most csiMax bytes) or ESC and one byte
+// 0x20-0x7e; ESC alone otherwise. pending: the end of data came before the
+// sequence's end was decided. (An nF escape, "ESC ( B", is ESC and one
+// byte here: its final byte reads as a character; see nfEnd.)
 func seqEnd(data []byte, i int) (end int, pending bool) {
 	n := len(data)
 	if i+1 >= n {
 		return i + 1, true
 	}
 	c := data[i+1]
-	if c >= 0x20 && c <= 0x2f {
-		for j := i + 2; j < i+csiMax && j <= n; j++ {
-			if j == n {
-				return i + 1, true
-			}
-			switch c := data[j]; {
-			case c >= 0x20 && c <= 0x2f:
-			case c >= 0x30 && c <= 0x7e:
-				return j + 1, false
-			default:
-				return i + 2, false
-			}
-		}
-		return i + 2, false
-	}
 	if c != '[' {
 		if c >= 0x20 && c <= 0x7e {
 			return i + 2, false
@@ -294,6 +279,20 @@ func seqEnd(data []byte, i int) (end int, pending bool) {
 		}
 	}
 	return i + 1, false
+}
+
+// nfEnd: data[j:e] is an nF escape sequence (ESC, intermediate bytes
+// 0x20-0x2f, a final byte 0x30-0x7e: "ESC ( B" of tput sgr0) ending at e.
+func nfEnd(data []byte, j, e int) bool {
+	if e-j < 3 || data[j] != 0x1b || e-j > csiMax {
+		return false
+	}
+	for k := j + 1; k < e-1; k++ {
+		if data[k] < 0x20 || data[k] > 0x2f {
+			return false
+		}
+	}
+	return data[e-1] >= 0x30 && data[e-1] <= 0x7e
 }
 
 // safeStart returns a position <= p from which classifying data forward
@@ -798,6 +797,7 @@ func (s *Set) kvExtend(sc *scratch, data []byte, g int, f *kvForm, off int) (sta
 		if rj-off < kvQ {
 			return 0, 0, false // a fold collision or a break: not the gram
 		}
+		ri = max(ri, st.reach)
 		lj, li, edge := st.extend(f.s, i-1, off-1, -1)
 		if edge && st.ws > 0 {
 			st.grow(data, true)
@@ -807,6 +807,10 @@ func (s *Set) kvExtend(sc *scratch, data []byte, g int, f *kvForm, off int) (sta
 		if rj-(lj+1) < f.m {
 			return 0, 0, false
 		}
+		// The extent runs to the farthest character any path took: which
+		// gram was sampled must not decide where a redaction begins (a
+		// plain character before optional ones can begin a match too).
+		li = min(li, st.reach)
 		return int(st.np[li]), int(st.np[ri]) + 1, true
 	}
 }
@@ -842,7 +846,7 @@ func (st *kvScratch) extend(s []byte, i, j, dir int) (bestJ, bestI int, edge boo
 		}
 		if st.opt[i] {
 			for _, sj := range cur {
-				if !slices.Contains(nx, sj) && len(nx) < 8 {
+				if !slices.Contains(nx, sj) && len(nx) < kvStates {
 					nx = append(nx, sj)
 				}
 			}

@@ -352,7 +352,7 @@ func (s *Set) evalStripped(sc *scratch, ri int, data []byte, i, kw, pb int, fina
 const lookBehind = csiMax // a whole escape sequence before a keyword (afterSeq)
 
 // afterSeq: the bytes before data[i] (sc.before, then data) end with a
-// complete escape sequence.
+// complete escape sequence (or an nF escape: "ESC ( B").
 func afterSeq(sc *scratch, data []byte, i int) bool {
 	v := data[max(0, i-csiMax):i]
 	if i < csiMax && len(sc.before) > 0 {
@@ -362,7 +362,7 @@ func afterSeq(sc *scratch, data []byte, i int) bool {
 	for j := len(v) - 1; j >= max(0, len(v)-csiMax); j-- {
 		if v[j] == 0x1b {
 			e, pend := seqEnd(v, j)
-			return !pend && e == len(v) && e > j+1
+			return !pend && e == len(v) && e > j+1 || nfEnd(v, j, len(v))
 		}
 	}
 	return false
