@@ -3,6 +3,7 @@ package scrub
 import (
 	"bytes"
 	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"strings"
@@ -842,6 +843,44 @@ func TestFormsStringSequencesBetween(t *testing.T) {
 			if got := stream(t, s, []byte(in), []int{len(in) / 2, len(in) - len(in)/2}, false); !bytes.Equal(got, out) {
 				t.Errorf("%q between: streamed %q", sep, got)
 			}
+		}
+	}
+}
+
+// TestFormsShownAsText: UTF-16 shown as text (Python's bytes repr, JSON,
+// od -c, cat -v), hex bytes joined by '-' or '.', 0xNN without commas and
+// decimal bytes without commas (od -An -td1) are forms too (red-team
+// finds).
+func TestFormsShownAsText(t *testing.T) {
+	s, values, _ := fuzzSetup(t)
+	v := values["db"]
+	var le []byte
+	for _, w := range utf16.Encode([]rune(v)) {
+		le = append(le, byte(w), byte(w>>8))
+	}
+	js, _ := json.Marshal(string(le))
+	var od, catv, py strings.Builder
+	for _, c := range le {
+		if c == 0 {
+			od.WriteString(`  \0`)
+			catv.WriteString("^@")
+			py.WriteString(`\x00`)
+		} else {
+			fmt.Fprintf(&od, "   %c", c)
+			catv.WriteByte(c)
+			py.WriteByte(c)
+		}
+	}
+	dec := []string{}
+	hexd := []string{}
+	for _, c := range []byte(v) {
+		dec = append(dec, fmt.Sprint(c))
+		hexd = append(hexd, fmt.Sprintf("%02x", c))
+	}
+	for _, in := range []string{"b'\\xff\\xfe" + py.String() + "'", string(js), od.String(), catv.String(), strings.Join(dec, " "), strings.Join(dec, "."), strings.Join(hexd, "-"), strings.Join(hexd, "."), "0x" + strings.Join(hexd, " 0x")} {
+		out := s.RedactString(in + "\n")
+		if !strings.Contains(out, "[REDACTED:db]") {
+			t.Errorf("%q -> %q", in, out)
 		}
 	}
 }

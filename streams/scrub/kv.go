@@ -317,6 +317,22 @@ func nfEnd(data []byte, j, e int) bool {
 	return data[e-1] >= 0x30 && data[e-1] <= 0x7e
 }
 
+// nfExtend returns the end of the nF escape (ESC ( B) that the sequence
+// data[j:e] (ESC and one byte, as seqEnd reads it) begins, or e.
+func nfExtend(data []byte, j, e int) int {
+	if e != j+2 || data[j+1] < 0x20 || data[j+1] > 0x2f {
+		return e
+	}
+	k := e
+	for k < len(data) && k < j+csiMax && data[k] >= 0x20 && data[k] <= 0x2f {
+		k++
+	}
+	if k < len(data) && k < j+csiMax && data[k] >= 0x30 && data[k] <= 0x7e {
+		return k + 1
+	}
+	return e
+}
+
 // safeStart returns a position <= p from which classifying data forward
 // gives the same result as from the start: p itself unless an ESC in the
 // csiMax bytes before p begins a sequence that reaches past p; then that

@@ -131,6 +131,35 @@ func valueForms(v []byte) []formSpec {
 			return "'" + escapeLiteral(string(u.b), "'") + "',"
 		}),
 		perByte("json-u", func(c byte) string { return fmt.Sprintf(`\u%04x`, c) }),
+		// other separators between hex bytes (.NET's BitConverter, hex('.')),
+		// 0xNN without commas, and decimal bytes joined (od -An -td1 once its
+		// blanks are left out) or with dots
+		perByte("hex-dash", func(c byte) string { return fmt.Sprintf("%02x-", c) }),
+		perByte("hex-dot", func(c byte) string { return fmt.Sprintf("%02x.", c) }),
+		perByte("0x", func(c byte) string { return fmt.Sprintf("0x%02x", c) }),
+		perByte("decimal", func(c byte) string { return strconv.Itoa(int(c)) }),
+		perByte("decimal-dot", func(c byte) string { return strconv.Itoa(int(c)) + "." }),
+	}
+	// UTF-16 shown as text: Python's bytes repr, a JSON string of its
+	// bytes, od -c and cat -v, little and big endian.
+	for _, be := range []bool{false, true} {
+		for _, r := range utf16Renderers {
+			out = append(out, perUnit(r.name+map[bool]string{false: "-le", true: "-be"}[be], func(u unit) string {
+				if u.r == utf8.RuneError && len(u.b) == 1 {
+					return string(u.b)
+				}
+				var sb strings.Builder
+				for _, w := range utf16.Encode([]rune{u.r}) {
+					lo, hi := byte(w), byte(w>>8)
+					if be {
+						lo, hi = hi, lo
+					}
+					sb.WriteString(r.byte(lo))
+					sb.WriteString(r.byte(hi))
+				}
+				return sb.String()
+			}))
+		}
 	}
 	// String literals as Python's repr and JavaScript's util.inspect print
 	// them: backslashes and controls escaped, and no quote, one kind or
@@ -153,6 +182,54 @@ func valueForms(v []byte) []formSpec {
 		}
 	}
 	return append(out, rev)
+}
+
+// utf16Renderers show a byte of UTF-16 as text.
+var utf16Renderers = []struct {
+	name string
+	byte func(c byte) string
+}{
+	{"utf16-pybytes", func(c byte) string {
+		switch {
+		case c == '\\' || c == '\'':
+			return `\` + string([]byte{c})
+		case c == '\t':
+			return `\t`
+		case c == '\n':
+			return `\n`
+		case c == '\r':
+			return `\r`
+		case c >= 0x20 && c < 0x7f:
+			return string([]byte{c})
+		}
+		return fmt.Sprintf(`\x%02x`, c)
+	}},
+	{"utf16-json", func(c byte) string {
+		if c >= 0x20 && c < 0x7f && c != '"' && c != '\\' {
+			return string([]byte{c})
+		}
+		return fmt.Sprintf(`\u%04x`, c)
+	}},
+	{"utf16-od-c", func(c byte) string {
+		if c == 0 {
+			return `\0`
+		}
+		if c >= 0x20 && c < 0x7f {
+			return string([]byte{c})
+		}
+		return fmt.Sprintf("%03o", c)
+	}},
+	{"utf16-cat-v", func(c byte) string {
+		switch {
+		case c >= 0x20 && c < 0x7f:
+			return string([]byte{c})
+		case c < 0x20:
+			return "^" + string([]byte{c + 64})
+		case c == 0x7f:
+			return "^?"
+		}
+		return "M-" + string([]byte{c - 0x80})
+	}},
 }
 
 // perShell is bash's printf %q of v, per byte.

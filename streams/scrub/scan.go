@@ -287,7 +287,7 @@ func (s *Set) evalStripped(sc *scratch, ri int, data []byte, i, kw, pb int, fina
 				break
 			}
 			if !pend && e > j+1 {
-				j = e
+				j = nfExtend(data, j, e)
 				continue
 			}
 		}
