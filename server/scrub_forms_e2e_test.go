@@ -385,11 +385,11 @@ func TestRealScrubForms(t *testing.T) {
 		for name, tk := range tokens {
 			tok := tk.tok
 			for form, cmd := range map[string]string{
-				"grep --color": fmt.Sprintf(`printf 'TOKEN=%%s\n' "$T" | grep --color=always -e "${T:0:%d}"`, tk.hl),
+				"grep --color":             fmt.Sprintf(`printf 'TOKEN=%%s\n' "$T" | grep --color=always -e "${T:0:%d}"`, tk.hl),
 				"env | grep --color TOKEN": `export MY_TOKEN="opaque${T: -20}"; env | grep --color=always TOKEN`,
-				"tput sgr0":    `printf '\033(B\033[m%s\033(B\033[m\n' "$T"`,
-				"env":          `export MY_TOKEN="$T"; env | grep '^MY_TOKEN='`,
-				"python":       `python3 -c 'import os; print({"token": os.environ["T"]})'`,
+				"tput sgr0":                `printf '\033(B\033[m%s\033(B\033[m\n' "$T"`,
+				"env":                      `export MY_TOKEN="$T"; env | grep '^MY_TOKEN='`,
+				"python":                   `python3 -c 'import os; print({"token": os.environ["T"]})'`,
 			} {
 				r := scrubExec(h, id, "export T='"+tok+"'; "+cmd)
 				if r.err != nil || r.exit != 0 {

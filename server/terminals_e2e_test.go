@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/url"
 	"os"
 	"runtime"
 	"strings"
@@ -159,6 +160,34 @@ func TestRealTerminals(t *testing.T) {
 		a.send("exit 3\n")
 		if !a.readUntil("\x00never", 5*time.Second) && (a.exit == nil || *a.exit != 3) {
 			t.Fatalf("exit: %v", a.exit)
+		}
+	})
+
+	// A prompt without a newline shows while the command waits: the
+	// stream's scrubber is flushed when output goes quiet ("pass" is a
+	// prefix of a keyword: held until then).
+	t.Run("exec stream prompt", func(t *testing.T) {
+		hdr := http.Header{"Authorization": {"Bearer " + h.token}}
+		c, _, err := h.dialWS("/v1/sandbox/terminal/tty1/ws?tty=false&command="+
+			url.QueryEscape("printf 'Press a key to pass'; sleep 4; echo done"), hdr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		var got strings.Builder
+		deadline := time.Now().Add(3 * time.Second)
+		for !strings.Contains(got.String(), "to pass") {
+			c.SetReadDeadline(deadline)
+			typ, data, err := c.ReadMessage()
+			if err != nil {
+				t.Fatalf("the prompt did not show within 3 s: %q (%v)", got.String(), err)
+			}
+			if typ == websocket.BinaryMessage && data[0] == 1 {
+				got.Write(data[1:])
+			}
+		}
+		if strings.Contains(got.String(), "done") {
+			t.Fatalf("prompt came with the end: %q", got.String())
 		}
 	})
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"sync"
+	"time"
 
 	"sandboxd/runsc"
 	"sandboxd/runsc/agent"
@@ -133,23 +134,59 @@ func ServeExec(w *streams.WSConn, p runsc.Process, set *scrub.Set) {
 		return nil
 	}, p)
 	// One Pair: a value split between stdout and stderr is caught too.
+	// One goroutine writes it and flushes it when the output goes quiet (a
+	// prompt without a newline shows), as a terminal does.
 	pair := set.NewPair(frameWriter{w, 1}, frameWriter{w, 2})
+	type chunk struct {
+		tag int
+		b   []byte
+	}
+	chunks := make(chan chunk, 16)
 	var wg sync.WaitGroup
-	for _, st := range []struct {
-		dst io.Writer
-		src io.Reader
-	}{{pair.Stdout(), p.Stdout()}, {pair.Stderr(), p.Stderr()}} {
+	for tag, src := range []io.Reader{p.Stdout(), p.Stderr()} {
 		wg.Add(1)
 		go func() { // ends with the stream (Close ends it early)
 			defer wg.Done()
-			io.Copy(st.dst, st.src)
+			for {
+				buf := make([]byte, 32<<10)
+				n, err := src.Read(buf)
+				if n > 0 {
+					chunks <- chunk{tag, buf[:n]}
+				}
+				if err != nil {
+					return
+				}
+			}
 		}()
 	}
+	go func() { // ends when both streams have
+		wg.Wait()
+		close(chunks)
+	}()
+	pumped := make(chan struct{})
+	go func() { // ends when both streams have
+		defer close(pumped)
+		idle := time.NewTimer(time.Hour)
+		defer idle.Stop()
+		ws := []io.Writer{pair.Stdout(), pair.Stderr()}
+		for {
+			select {
+			case c, ok := <-chunks:
+				if !ok {
+					pair.Close()
+					return
+				}
+				ws[c.tag].Write(c.b)
+				idle.Reset(scrubIdleFlush)
+			case <-idle.C:
+				pair.Flush()
+			}
+		}
+	}()
 	exitc := make(chan agent.Exit, 1)
 	go func() { // ends when the process ends (Close kills it)
 		e, err := p.Wait()
-		wg.Wait()
-		pair.Close()
+		<-pumped
 		exitc <- killedExit(e, err)
 	}()
 	select {
