@@ -77,7 +77,6 @@ var scrubShellForms = []shellForm{
 	{"utf-16le", `printf %s "$S" | iconv -t UTF-16LE`, true},
 	{"utf-16 as python bytes", `python3 -c 'import os; print(os.environ["S"].encode("utf-16"))'`, true},
 	{"utf-16 | cat -v", `printf %s "$S" | iconv -t UTF-16 | cat -v; echo`, true},
-	{"od -An -td1", `printf %s "$S" | od -An -td1`, true},
 	{"hex with dashes", `python3 -c 'import os; print(os.environ["S"].encode().hex("-"))'`, true},
 	{"utf-16be", `printf %s "$S" | iconv -t UTF-16BE`, true},
 	{"utf-16 with BOM", `printf %s "$S" | iconv -t UTF-16`, true},

@@ -27,11 +27,11 @@
 // whole value below 8; values shorter than MinValueLen are refused), in
 // any of their forms: the value in any ASCII case,
 // reversed (by character), hex (any case, also with ':', '-' or '.'
-// between bytes, as %XX, \xNN, \u00NN, 0xNN, lists), decimal bytes
-// (joined, with commas or dots), URL query and path escaping, JSON, Go,
-// Python and JavaScript string escapes, bash's printf %q and single-quote
-// style, UTF-16 (also shown as text: Python's bytes repr, JSON, od -c,
-// cat -v), Python's list(k), and base64
+// between bytes, as %XX, \xNN, \u00NN, 0xNN, lists), decimal byte lists
+// with commas, URL query and path escaping, JSON, Go, Python and
+// JavaScript string escapes, bash's printf %q and single-quote style,
+// UTF-16 (also shown as text: Python's bytes repr, od -c, cat -v), Python's
+// list(k), and base64
 // (std and URL alphabets, every alignment: the characters whose bits all
 // come from the value). Matching is on the normalised stream: bytes below
 // 0x21 (space, tab, NUL, CR, LF, other controls) and terminal escape

@@ -32,7 +32,7 @@ const (
 	kvMinM      = 6
 	kvLongM     = 20 // forms whose shortest match is this long are sampled less often
 	gatherMax   = 4 * (kvGapMax + csiMax)
-	kvStates    = csiMax + 8 // extension states: every way through one escape sequence
+	kvStates    = 16 // extension states: the ways through an escape sequence of up to 15 optional characters
 )
 
 type kvForm struct {
@@ -361,8 +361,10 @@ type kvScratch struct {
 	np     []int32
 	opt    []bool
 	found  []kvFound
-	st, nx []int32 // extension state sets
-	reach  int     // see extend
+	st, nx []int32  // extension state sets
+	reach  int      // see extend
+	mark   []uint32 // extend's state set membership, by generation
+	gen    uint32
 }
 
 type kvFound struct {
@@ -869,6 +871,11 @@ func (st *kvScratch) extend(s []byte, i, j, dir int) (bestJ, bestI int, edge boo
 	}
 	st.reach = bestI
 	cur := append(st.st[:0], int32(j))
+	// mark[o+1] == gen: form offset o is in nx (o runs from -1 to len(s))
+	if len(st.mark) < len(s)+2 {
+		st.mark = make([]uint32, len(s)+2)
+		st.gen = 0
+	}
 	for ; len(cur) > 0; i += dir {
 		if i < 0 || i >= len(st.nb) {
 			edge = true
@@ -876,16 +883,23 @@ func (st *kvScratch) extend(s []byte, i, j, dir int) (bestJ, bestI int, edge boo
 		}
 		c := st.nb[i]
 		nx := st.nx[:0]
+		st.gen++
+		if st.gen == 0 {
+			clear(st.mark)
+			st.gen = 1
+		}
 		for _, sj := range cur {
-			if sj >= 0 && int(sj) < len(s) && s[sj] == c && !slices.Contains(nx, sj+int32(dir)) {
+			if sj >= 0 && int(sj) < len(s) && s[sj] == c && st.mark[sj+int32(dir)+1] != st.gen {
 				nx = append(nx, sj+int32(dir))
+				st.mark[sj+int32(dir)+1] = st.gen
 				st.reach = i
 			}
 		}
 		if st.opt[i] {
 			for _, sj := range cur {
-				if !slices.Contains(nx, sj) && len(nx) < kvStates {
+				if st.mark[sj+1] != st.gen && len(nx) < kvStates {
 					nx = append(nx, sj)
+					st.mark[sj+1] = st.gen
 				}
 			}
 		}
