@@ -36,7 +36,9 @@ func TestReview3CreditsExhaustedOverStorageQuota(t *testing.T) {
 
 	clk.advance(61 * time.Minute) // the month's one credit is spent
 	deadline := time.Now().Add(60 * time.Second)
-	for h.get("q1").Status == "running" && time.Now().Before(deadline) {
+	// running until the credits check, then stopping (under load, for
+	// seconds) until stopped
+	for st := h.get("q1").Status; (st == "running" || st == "stopping") && time.Now().Before(deadline); st = h.get("q1").Status {
 		time.Sleep(time.Second)
 	}
 	st := h.get("q1").Status

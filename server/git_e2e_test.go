@@ -124,7 +124,8 @@ func TestRealGitPairing(t *testing.T) {
 	look := `env; cat /proc/[0-9]*/environ /proc/[0-9]*/cmdline 2>/dev/null | tr '\0' '\n'; ps auxww;
 git -C /workspace/app config -l --show-origin; cat ~/.git-credentials ~/.gitconfig 2>/dev/null;
 grep -rIl --exclude-dir=proc --exclude-dir=sys --exclude-dir=dev -F "` + h.token + `" / 2>/dev/null; echo done`
-	if r := h.sh("git-main", look); !strings.Contains(r.Stdout, "done") || strings.Contains(r.Stdout+r.Stderr, h.token) {
+	// The grep reads the whole image: minutes on a loaded machine.
+	if r := h.exec("git-main", map[string]any{"command": look, "timeoutMs": 600000}); !strings.Contains(r.Stdout, "done") || strings.Contains(r.Stdout+r.Stderr, h.token) {
 		t.Fatalf("the credential is visible in the sandbox: %+v", r)
 	}
 	// ... nor in anything the sandbox wrote (read from the host, unscrubbed).

@@ -92,10 +92,10 @@ var scrubShellForms = []shellForm{
 	{"two lines", `printf '%s\n%s\n' "${S:0:H}" "${S:H}"`, true},
 	{"split by CR", `printf '%s\r%s\n' "${S:0:H}" "${S:H}"`, true},
 	{"python list(k)", `python3 -c 'import os; print(list(os.environ["S"]))'`, true},
-	{"stdout then stderr", `printf %s "${S:0:H}"; printf '%s\n' "${S:H}" >&2`, true},
-	{"stderr then stdout", `printf %s "${S:0:H}" >&2; printf '%s\n' "${S:H}"`, true},
-	// Paced: pieces written faster than the server reads them may arrive
-	// in another order (docs/SECURITY.md).
+	// Paced (here and below): halves written faster than the server reads
+	// the two pipes may arrive in either order (docs/SECURITY.md).
+	{"stdout then stderr", `printf %s "${S:0:H}"; sleep 0.1; printf '%s\n' "${S:H}" >&2`, true},
+	{"stderr then stdout", `printf %s "${S:0:H}" >&2; sleep 0.1; printf '%s\n' "${S:H}"`, true},
 	{"alternating stdout/stderr", `Q=$((${#S}/4)); printf %s "${S:0:Q}"; sleep 0.1; printf %s "${S:Q:Q}" >&2; sleep 0.1; printf %s "${S:2*Q:Q}"; sleep 0.1; printf '%s\n' "${S:3*Q}" >&2`, true},
 }
 
@@ -507,8 +507,8 @@ func TestRealScrubForms(t *testing.T) {
 			`console.log(Buffer.from(S).toString('base64').match(/.{1,8}/g).join('\n'))`},
 		{"SGR between", `print('\x1b[31m'.join(S) + '\x1b[0m')`, `console.log([...S].join('\x1b[31m') + '\x1b[0m')`},
 		{"utf-16le", `print(S.encode('utf-16-le').decode('ascii'))`, `console.log(Buffer.from(S, 'utf16le').toString('latin1'))`},
-		{"stdout then stderr", `print(S[:len(S)//2], end='', flush=True); print(S[len(S)//2:], file=sys.stderr)`,
-			`process.stdout.write(S.slice(0, S.length >> 1)); process.stderr.write(S.slice(S.length >> 1) + '\n')`},
+		{"stdout then stderr", `import time; print(S[:len(S)//2], end='', flush=True); time.sleep(0.1); print(S[len(S)//2:], file=sys.stderr)`,
+			`process.stdout.write(S.slice(0, S.length >> 1)); Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 100); process.stderr.write(S.slice(S.length >> 1) + '\n')`},
 		{"alternating stdout/stderr", `import time
 q = len(S)//4
 for i, f in enumerate([sys.stdout, sys.stderr, sys.stdout, sys.stderr]):
