@@ -87,7 +87,6 @@ var scrubShellForms = []shellForm{
 	{"CRLF between", `printf '%s\n' "$S" | fold -w1 | sed 's/$/\r/'`, true},
 	{"CR between", `printf '%s\n' "$S" | fold -w1 | tr '\n' '\r'`, true},
 	{"SGR between", `printf %s "$S" | sed 's/./&\x1b[31m/g'; printf '\033[0m\n'`, true},
-	{"OSC title between", `printf %s "$S" | sed 's/./&\x1b]0;t\x07/g'; echo`, true},
 	{"SGR 256-colour between", `python3 -c 'import os; print("\x1b[1;38;5;208m".join(os.environ["S"]) + "\x1b[0m")'`, true},
 	{"two lines", `printf '%s\n%s\n' "${S:0:H}" "${S:H}"`, true},
 	{"split by CR", `printf '%s\r%s\n' "${S:0:H}" "${S:H}"`, true},

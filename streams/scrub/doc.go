@@ -35,9 +35,8 @@
 // (std and URL alphabets, every alignment: the characters whose bits all
 // come from the value). Matching is on the normalised stream: bytes below
 // 0x21 (space, tab, NUL, CR, LF, other controls) and terminal escape
-// sequences (CSI; OSC, DCS and other strings up to BEL or ST; ESC and one
-// byte) are left out, so single separators or escape sequences (colours,
-// titles) between characters, a value split over lines or by \r,
+// sequences (CSI, ESC and one byte) are left out, so single separators or
+// colour codes between characters, a value split over lines or by \r,
 // base64 at any wrap width, `od -An -tx1` and UTF-16's NULs all read as
 // the form itself. A run of more than 32 separator bytes breaks a match. The
 // bytes an escape sequence hides (a CSI's parameters and final byte, the

@@ -250,9 +250,9 @@ func (t *gramTable) get(key uint32) []kvOcc {
 
 // seqEnd returns the end of the escape sequence starting with ESC at
 // data[i]: a CSI (ESC '[', parameter and intermediate bytes 0x20-0x3f,
-// one final byte 0x40-0x7e, at most csiMax bytes), a string sequence (OSC,
-// DCS, APC, PM, SOS: ESC ']' and the rest up to BEL or ST, at most csiMax
-// bytes) or ESC and one byte 0x20-0x7e; ESC alone otherwise. pending: the end of data came before the
+// one final byte 0x40-0x7e, at most csiMax bytes) or ESC and one byte
+// 0x20-0x7e; ESC alone otherwise. (OSC and other string sequences are ESC
+// and one byte here: their bodies read as characters.) pending: the end of data came before the
 // sequence's end was decided. (An nF escape, "ESC ( B", is ESC and one
 // byte here: its final byte reads as a character; see nfEnd.)
 func seqEnd(data []byte, i int) (end int, pending bool) {
@@ -261,27 +261,6 @@ func seqEnd(data []byte, i int) (end int, pending bool) {
 		return i + 1, true
 	}
 	c := data[i+1]
-	if c == ']' || c == 'P' || c == '_' || c == '^' || c == 'X' {
-		// OSC (a title, a hyperlink), DCS, APC, PM, SOS: a string ended
-		// by BEL or ST (ESC \); a longer one is ESC and one byte.
-		for j := i + 2; j < i+csiMax && j <= n; j++ {
-			switch {
-			case j == n:
-				return i + 1, true
-			case data[j] == 0x07:
-				return j + 1, false
-			case data[j] == 0x1b:
-				if j+1 == n {
-					return i + 1, true
-				}
-				if data[j+1] == '\\' {
-					return j + 2, false
-				}
-				return i + 2, false
-			}
-		}
-		return i + 2, false
-	}
 	if c != '[' {
 		if c >= 0x20 && c <= 0x7e {
 			return i + 2, false
