@@ -827,7 +827,6 @@ func TestFlushPendingSequence(t *testing.T) {
 	}
 }
 
-
 // TestFormsShownAsText: UTF-16 shown as text (Python's bytes repr, od -c,
 // cat -v), hex bytes joined by '-' or '.' and 0xNN without commas are
 // forms too (red-team finds).
