@@ -128,7 +128,8 @@ func flushEquivalent(s *Set, in, got []byte) error {
 		}
 		if k > 0 {
 			if r.lab.prio == 0 {
-				if !kvReleasable(s, r.lab, in[r.start:r.start+k]) {
+				// also from the escape sequence r.start may lie in
+				if !kvReleasable(s, r.lab, in[r.start:r.start+k]) || !kvReleasable(s, r.lab, in[safeStart(in, r.start):r.start+k]) {
 					return fmt.Errorf("%q of known value %s released before its redaction", in[r.start:r.start+k], r.lab.repl)
 				}
 				g = g[k+len(r.lab.repl):]
@@ -149,21 +150,25 @@ func flushEquivalent(s *Set, in, got []byte) error {
 }
 
 // kvReleasable: b, released by Flush before a known value's redaction,
-// is a candidate shorter than the shortest match of some form of that
-// value that contains it (it shows fewer than k characters). b is read
-// with its escape sequences left out (as a terminal shows it) and, since a
-// sequence's final byte may belong to a match, also with only the bytes
-// below 0x21 left out, and with every escape sequence left out whole (the
-// byte after ESC, which a match may skip).
+// shows no match of that value on its own: no form of it has m_f (k value
+// bytes' worth) consecutive characters in b. b is read with its escape
+// sequences left out (as a terminal shows it), with only the bytes below
+// 0x21 left out (a sequence's bytes may be taken as characters), and with
+// every sequence left out whole.
 func kvReleasable(s *Set, lab *label, b []byte) bool {
 	for _, nb := range [][]byte{leakView(b, true), normForm(string(b)), normForm(string(dropEscapes(b)))} {
 		for _, f := range s.kv.forms {
-			if f.lab == lab && len(nb) < f.m && bytes.Contains(f.s, nb) {
-				return true
+			if f.lab != lab {
+				continue
+			}
+			for i := 0; i+f.m <= len(f.s); i++ {
+				if bytes.Contains(nb, f.s[i:i+f.m]) {
+					return false
+				}
 			}
 		}
 	}
-	return false
+	return true
 }
 
 // dropEscapes: b without its escape sequences (as seqEnd reads them).
