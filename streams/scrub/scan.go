@@ -220,50 +220,7 @@ func (s *Set) evalRule(sc *scratch, ri int, data []byte, i, kw, prev int, final 
 		return
 	}
 	byLen := !cut && i+r.window <= len(data)
-	complete := cut || byLen
-	w := data[i:end]
-	if !complete && !final {
-		alive, matched := r.live.run(&sc.nfa, w, pb, false)
-		if alive {
-			// The keyword itself is harmless; what follows it may be the
-			// secret.
-			sc.holdAt(i, i+kw)
-			return
-		}
-		if !matched {
-			return
-		}
-	}
-	var loc []int
-	ok := false
-	if r.fast != nil {
-		loc, ok = r.fast.match(&sc.fast, w, pb, sc.loc)
-		if loc != nil {
-			sc.loc = loc
-		}
-	}
-	if !ok {
-		loc = r.re.FindSubmatchIndex(w)
-	}
-	if loc == nil {
-		if byLen {
-			// The candidate outgrew MaxLen while it could still match:
-			// fail closed and redact the window.
-			if alive, _ := r.live.run(&sc.nfa, w, pb, false); alive {
-				e := i + r.src.MaxLen
-				sc.regs = append(sc.regs, region{start: i, end: e, mstart: i, mend: e, lab: r.lab})
-				sc.lastEnd[ri] = e
-			}
-		}
-		return
-	}
-	sc.lastEnd[ri] = i + loc[1]
-	g := r.src.SecretGroup
-	gs, ge := loc[2*g], loc[2*g+1]
-	if gs < 0 || gs == ge {
-		return
-	}
-	sc.regs = append(sc.regs, region{start: i + gs, end: i + ge, mstart: i, mend: i + loc[1], lab: r.lab})
+	s.matchWindow(sc, ri, data[i:end], nil, i, kw, pb, !(cut || byLen) && !final, byLen)
 }
 
 // evalStripped is evalRule for a window that holds an ESC: a colour code
@@ -301,9 +258,31 @@ func (s *Set) evalStripped(sc *scratch, ri int, data []byte, i, kw, pb int, fina
 	sc.sw, sc.sp = sw, sp
 	byLen := !cut && len(sw) >= r.window
 	complete := cut || byLen || j >= i+2*r.window+4*csiMax
-	if pending || !complete && !final {
-		alive, matched := r.live.run(&sc.nfa, sw, pb, false)
+	s.matchWindow(sc, ri, sw, sp, i, kw, pb, pending || !complete && !final, byLen)
+}
+
+// matchWindow runs rule ri on its window w, which begins with the keyword
+// at raw i; sp maps w's bytes to raw positions (nil: w is data[i:] itself).
+// open: more input could change the answer; byLen: w is MaxLen+1 long.
+func (s *Set) matchWindow(sc *scratch, ri int, w []byte, sp []int32, i, kw, pb int, open, byLen bool) {
+	r := s.rules[ri]
+	start := func(k int) int { // raw position of w[k]
+		if sp == nil {
+			return i + k
+		}
+		return int(sp[k])
+	}
+	end := func(k int) int { // raw end of w[:k]
+		if sp == nil || k == 0 {
+			return i + k
+		}
+		return int(sp[k-1]) + 1
+	}
+	if open {
+		alive, matched := r.live.run(&sc.nfa, w, pb, false)
 		if alive {
+			// The keyword itself is harmless; what follows it may be the
+			// secret.
 			sc.holdAt(i, i+kw)
 			return
 		}
@@ -314,37 +293,33 @@ func (s *Set) evalStripped(sc *scratch, ri int, data []byte, i, kw, pb int, fina
 	var loc []int
 	ok := false
 	if r.fast != nil {
-		loc, ok = r.fast.match(&sc.fast, sw, pb, sc.loc)
+		loc, ok = r.fast.match(&sc.fast, w, pb, sc.loc)
 		if loc != nil {
 			sc.loc = loc
 		}
 	}
 	if !ok {
-		loc = r.re.FindSubmatchIndex(sw)
-	}
-	raw := func(k int) int { // raw end of the first k window bytes
-		if k == 0 {
-			return i
-		}
-		return int(sp[k-1]) + 1
+		loc = r.re.FindSubmatchIndex(w)
 	}
 	if loc == nil {
 		if byLen {
-			if alive, _ := r.live.run(&sc.nfa, sw, pb, false); alive {
-				e := raw(r.src.MaxLen)
+			// The candidate outgrew MaxLen while it could still match:
+			// fail closed and redact the window.
+			if alive, _ := r.live.run(&sc.nfa, w, pb, false); alive {
+				e := end(r.src.MaxLen)
 				sc.regs = append(sc.regs, region{start: i, end: e, mstart: i, mend: e, lab: r.lab})
 				sc.lastEnd[ri] = e
 			}
 		}
 		return
 	}
-	sc.lastEnd[ri] = raw(loc[1])
+	sc.lastEnd[ri] = end(loc[1])
 	g := r.src.SecretGroup
 	gs, ge := loc[2*g], loc[2*g+1]
 	if gs < 0 || gs == ge {
 		return
 	}
-	sc.regs = append(sc.regs, region{start: int(sp[gs]), end: raw(ge), mstart: i, mend: raw(loc[1]), lab: r.lab})
+	sc.regs = append(sc.regs, region{start: start(gs), end: end(ge), mstart: i, mend: end(loc[1]), lab: r.lab})
 }
 
 // lookBehind is how many input bytes before a scan's data a Writer keeps
