@@ -1,6 +1,7 @@
 package runsc
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -222,10 +223,14 @@ func (r *Runtime) warm(id string, base []string) {
 	}()
 }
 
-// killAllExec kills every process in the sandbox except its PID 1 (the
-// agent) with runsc exec, as root with CAP_SYS_RESOURCE, so the user's
-// process limit does not stop it.
-func (r *Runtime) killAllExec(ctx context.Context, id string) error {
+// KillResult says what a KillAll left alive.
+type KillResult = agent.KillResult
+
+// killAllExec is KillAll with a root runsc exec of the agent's killall
+// (CAP_SYS_RESOURCE, so the user's process limit does not stop it), which
+// prints its KillResult.
+func (r *Runtime) killAllExec(ctx context.Context, id string) (agent.KillResult, error) {
+	var res agent.KillResult
 	p := &specs.Process{
 		User: specs.User{UID: 0, GID: 0},
 		Args: []string{agentPath, "killall"},
@@ -239,23 +244,32 @@ func (r *Runtime) killAllExec(ctx context.Context, id string) error {
 	}
 	f, _, err := r.processFile(id, p)
 	if err != nil {
-		return err
+		return res, err
 	}
 	defer os.Remove(f)
-	if _, err := r.run(ctx, "exec", "--process", f, id); err != nil {
+	out, err := r.run(ctx, "exec", "--process", f, id)
+	if err != nil {
 		if !r.alive(id) {
-			return ErrNotRunning
+			return res, ErrNotRunning
 		}
-		return err
+		return res, err
 	}
-	return nil
+	if err := json.Unmarshal(bytes.TrimSpace(out), &res); err != nil {
+		return res, fmt.Errorf("runsc: killall answer %q: %w", out, err)
+	}
+	return res, nil
 }
 
-// KillAll kills every process in the sandbox but PID 1: through the agent
-// when it answers, else with a root runsc exec of the agent's killall.
-func (r *Runtime) KillAll(ctx context.Context, id string) error {
-	if err := r.Agent(id).KillAll(ctx); err == nil {
-		return nil
+// KillAll kills every process in the sandbox but PID 1 until none is left
+// or agent.DefaultKillWait passed, and says what survived: through the
+// agent when it answers, else with a root runsc exec of the agent's
+// killall.
+func (r *Runtime) KillAll(ctx context.Context, id string) (agent.KillResult, error) {
+	actx, cancel := context.WithTimeout(ctx, agent.DefaultKillWait+5*time.Second)
+	res, err := r.Agent(id).KillAll(actx, agent.DefaultKillWait)
+	cancel()
+	if err == nil {
+		return res, nil
 	}
 	return r.killAllExec(ctx, id)
 }

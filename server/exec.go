@@ -151,17 +151,25 @@ func (s *Server) execCommand(ctx context.Context, ses *store.Session, req *execR
 }
 
 // killAll: {"action": "kill"} stops every process in the sandbox but its
-// init, e.g. after a fork bomb or forgotten background jobs.
+// init, e.g. after a fork bomb or forgotten background jobs. It keeps
+// killing for up to agent.DefaultKillWait while something is left.
 func (s *Server) killAll(c *gin.Context, ses *store.Session, req *execRequest) {
 	if req.Command != "" || req.Cwd != "" || req.Env != nil || req.TimeoutMs != nil || req.Stdin != nil {
 		s.writeError(c, badRequest("action kill takes no command, cwd, env, timeoutMs or stdin"))
 		return
 	}
-	if err := s.sessions.KillAll(c.Request.Context(), *ses); err != nil {
+	res, err := s.sessions.KillAll(c.Request.Context(), *ses)
+	if err != nil {
 		s.writeError(c, err)
 		return
 	}
-	c.JSON(http.StatusOK, gin.H{"action": "kill", "killed": true})
+	// killed is true only when a last look found nothing left; a /proc
+	// the agent could not read is "unknown", never "killed".
+	ans := gin.H{"action": "kill", "killed": res.Killed(), "survivors": res.Survivors}
+	if res.Unknown {
+		ans["unknown"] = true
+	}
+	c.JSON(http.StatusOK, ans)
 }
 
 func clip(s string, n int) string {

@@ -10,19 +10,25 @@
 //	sandboxd-agent serve --socket S the same server without being PID 1 (tests,
 //	                               debugging): it becomes a child subreaper and
 //	                               killall kills its descendants only.
-//	sandboxd-agent killall         kills every process but PID 1 (root only).
+//	sandboxd-agent killall         kills every process but PID 1 (root only)
+//	                               until none is left (or 10 s) and prints
+//	                               the agent's KillResult JSON.
 //	sandboxd-agent exec -- ARGV... starts ARGV as the leader of a new session
 //	                               and process group, so a timeout can kill
 //	                               the whole group (runsc kill --pgid).
 package main
 
 import (
+	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
 	"os/exec"
 	"os/signal"
 	"syscall"
+	"time"
+
+	"sandboxd/runsc/agent"
 )
 
 func main() {
@@ -42,11 +48,10 @@ func main() {
 		}
 		runInit()
 	case "killall":
-		// kill(-1) signals every process but PID 1 and the caller.
-		if err := syscall.Kill(-1, syscall.SIGKILL); err != nil && err != syscall.ESRCH {
-			fmt.Fprintf(os.Stderr, "sandboxd-agent: killall: %v\n", err)
-			os.Exit(1)
-		}
+		// As root beside PID 1 (runsc exec, when the agent does not
+		// answer): the same verified rounds; the result goes to stdout.
+		res := killEveryone(time.Now().Add(agent.DefaultKillWait))
+		json.NewEncoder(os.Stdout).Encode(res)
 	case "exec":
 		args := os.Args[2:]
 		if len(args) > 0 && args[0] == "--" {

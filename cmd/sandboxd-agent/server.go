@@ -106,7 +106,7 @@ func runServer(socket string, serveMode bool) int {
 	// not leave the warm shells and commands behind.
 	s.pool.configure(nil)
 	if !s.pid1 {
-		killDescendants()
+		killDescendants(time.Now().Add(agent.DefaultKillWait))
 	}
 	return 0
 }
@@ -221,8 +221,7 @@ func (s *server) handle(nc *net.UnixConn) {
 	case agent.OpStart:
 		s.serveStart(c, &req)
 	case agent.OpKillAll:
-		s.killAll()
-		c.writeOK()
+		c.writeJSON(agent.FrameExit, s.killAll(agent.KillWait(req.WaitMs)))
 	case agent.OpWarm:
 		s.serveWarm(c, &req)
 	case agent.OpDial:
@@ -270,57 +269,27 @@ func uidOr(id *uint32) uint32 {
 	return *id
 }
 
-// killAll SIGKILLs every other process and restarts the warm shells.
-func (s *server) killAll() {
+// killAll SIGKILLs every other process until none is left or wait has
+// passed, then restarts the warm shells. The survivors are counted before
+// the warm shells come back.
+func (s *server) killAll(wait time.Duration) agent.KillResult {
 	s.killMu.Lock()
 	defer s.killMu.Unlock()
-	s.pool.pause()
+	deadline := time.Now().Add(wait)
 	if s.pid1 {
-		killEveryone()
+		// Before anything else: a fork bomb slows every step down
+		// (discarding the warm shells took 0.9 s) until it is stopped.
+		stopAndKillAll()
+	}
+	s.pool.pause()
+	var res agent.KillResult
+	if s.pid1 {
+		res = killEveryone(deadline)
 	} else {
-		killDescendants()
+		res = killDescendants(deadline)
 	}
 	s.pool.resume()
-}
-
-// killEveryone is killall as PID 1: kill(-1) spares PID 1 (the caller).
-// It repeats until no other live process remains (bounded): a process may
-// fork while the signal is delivered.
-func killEveryone() {
-	self := os.Getpid()
-	for i := 0; i < 100; i++ {
-		syscall.Kill(-1, syscall.SIGKILL)
-		time.Sleep(5 * time.Millisecond)
-		if len(liveProcesses(func(pid, ppid int) bool { return pid != self })) == 0 {
-			return
-		}
-	}
-}
-
-// killDescendants is killall in serve mode: every live descendant of the
-// agent (orphans are re-parented to it as child subreaper).
-func killDescendants() {
-	self := os.Getpid()
-	for i := 0; i < 100; i++ {
-		parent := map[int]int{}
-		live := liveProcesses(func(pid, ppid int) bool { parent[pid] = ppid; return true })
-		var victims []int
-		for _, pid := range live {
-			for p, n := parent[pid], 0; p > 1 && n < 64; p, n = parent[p], n+1 {
-				if p == self {
-					victims = append(victims, pid)
-					break
-				}
-			}
-		}
-		if len(victims) == 0 {
-			return
-		}
-		for _, pid := range victims {
-			syscall.Kill(pid, syscall.SIGKILL)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	return res
 }
 
 func countFDs() int {

@@ -530,8 +530,8 @@ func TestKillAll(t *testing.T) {
 		t.Fatal("sleeps not running")
 	}
 	t0 := time.Now()
-	if err := cl.KillAll(ctxT(t)); err != nil {
-		t.Fatal(err)
+	if res, err := cl.KillAll(ctxT(t), 0); err != nil || !res.Killed() {
+		t.Fatal(res, err)
 	}
 	t.Logf("killall took %v", time.Since(t0))
 	if pgrep("sleep 320[12]") {

@@ -88,10 +88,18 @@ func (c *Client) Start(ctx context.Context, s Spec) (*Process, error) {
 	return p, nil
 }
 
-// KillAll kills every process in the sandbox but the agent.
-func (c *Client) KillAll(ctx context.Context) error {
-	_, err := c.simple(ctx, &Request{Op: OpKillAll})
-	return err
+// KillAll kills every process in the sandbox but the agent, for at most
+// wait (0: DefaultKillWait), and says what survived.
+func (c *Client) KillAll(ctx context.Context, wait time.Duration) (KillResult, error) {
+	var res KillResult
+	b, err := c.simple(ctx, &Request{Op: OpKillAll, WaitMs: int(wait / time.Millisecond)})
+	if err != nil {
+		return res, err
+	}
+	if err := json.Unmarshal(b, &res); err != nil {
+		return res, fmt.Errorf("agent: killall answer: %w", err)
+	}
+	return res, nil
 }
 
 // Suspend makes the agent close its listener and every other connection

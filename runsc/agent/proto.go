@@ -63,7 +63,37 @@ type Request struct {
 	Count *int     `json:"count,omitempty"` // warm
 	Port  int      `json:"port,omitempty"`  // dial
 	Pid   int      `json:"pid,omitempty"`   // attach
+	// WaitMs bounds a killall: how long it keeps killing while processes
+	// are left (0: DefaultKillWait).
+	WaitMs int `json:"waitMs,omitempty"`
 }
+
+// DefaultKillWait and MaxKillWait bound how long a killall keeps killing.
+const (
+	DefaultKillWait = 10 * time.Second
+	MaxKillWait     = 30 * time.Second
+)
+
+// KillWait is the wait a killall request asks for, within its bounds.
+func KillWait(ms int) time.Duration {
+	if ms <= 0 {
+		return DefaultKillWait
+	}
+	return min(time.Duration(ms)*time.Millisecond, MaxKillWait)
+}
+
+// KillResult is the payload of the 'x' frame answering a killall (and the
+// killall command's output): how many processes were still alive when it
+// gave up. Unknown means /proc could not be read, so none left cannot be
+// told; Survivors then counts what was seen.
+type KillResult struct {
+	ExitCode  int  `json:"exitCode"`
+	Survivors int  `json:"survivors"`
+	Unknown   bool `json:"unknown,omitempty"`
+}
+
+// Killed says the killall left nothing running.
+func (r KillResult) Killed() bool { return r.Survivors == 0 && !r.Unknown }
 
 // Started is the payload of a 'p' frame.
 type Started struct {

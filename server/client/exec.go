@@ -52,10 +52,14 @@ func (c *Client) Exec(ctx context.Context, sessionID string, req ExecRequest) (*
 }
 
 // KillResult answers Kill: Killed is true when no process of the sandbox
-// user is left (Raw has the server's details otherwise).
+// user is left; otherwise Survivors says how many the server still saw
+// after trying for 10 s, and Unknown that it could not read the process
+// list.
 type KillResult struct {
-	Killed bool            `json:"killed"`
-	Raw    json.RawMessage `json:"-"`
+	Killed    bool            `json:"killed"`
+	Survivors int             `json:"survivors"`
+	Unknown   bool            `json:"unknown,omitempty"`
+	Raw       json.RawMessage `json:"-"`
 }
 
 // Kill stops every process of the sandbox user (action "kill").

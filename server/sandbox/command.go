@@ -115,19 +115,21 @@ func (m *Manager) Exec(ctx context.Context, c *Command, req runsc.ExecRequest) (
 }
 
 // KillAll stops every process in a running session's sandbox but its
-// init (after a fork bomb, or forgotten background jobs).
-func (m *Manager) KillAll(ctx context.Context, ses store.Session) error {
+// init (after a fork bomb, or forgotten background jobs), and says what
+// survived its deadline.
+func (m *Manager) KillAll(ctx context.Context, ses store.Session) (runsc.KillResult, error) {
 	if ses.Status != store.StatusRunning {
-		return errdefs.Conflict("session is %s; only a running session has processes", ses.Status)
+		return runsc.KillResult{}, errdefs.Conflict("session is %s; only a running session has processes", ses.Status)
 	}
-	if err := m.rt.KillAll(ctx, ses.ContainerID); err != nil {
+	res, err := m.rt.KillAll(ctx, ses.ContainerID)
+	if err != nil {
 		if errors.Is(err, runsc.ErrNotRunning) {
 			m.NoteDead(ses.ID)
-			return errNotRunningAnyMore
+			return res, errNotRunningAnyMore
 		}
-		return err
+		return res, err
 	}
-	return nil
+	return res, nil
 }
 
 // SessionEnv reads a session's secrets now and returns the environment of

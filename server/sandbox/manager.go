@@ -55,7 +55,7 @@ type Runtime interface {
 	OpenWorkspace(id string, readOnly bool) (dir *os.File, release func() error, err error)
 	ListenProxy(id string) (net.Listener, error)
 	Exec(ctx context.Context, id string, req runsc.ExecRequest) (runsc.ExecResult, error)
-	KillAll(ctx context.Context, id string) error
+	KillAll(ctx context.Context, id string) (runsc.KillResult, error)
 	CheckpointDir(id string) string
 	Checkpoint(ctx context.Context, id, imageDir string, commit func(context.Context) error) error
 	Restore(ctx context.Context, sb runsc.Sandbox, imageDir string) error

@@ -130,9 +130,9 @@ func (f *Runtime) KernelLog(id string) string {
 
 func (f *Runtime) ReleaseIdle() {}
 
-func (f *Runtime) KillAll(ctx context.Context, id string) error {
+func (f *Runtime) KillAll(ctx context.Context, id string) (runsc.KillResult, error) {
 	f.Record("killall " + id)
-	return nil
+	return runsc.KillResult{}, nil
 }
 
 func (f *Runtime) CleanExecFiles() {}
