@@ -204,7 +204,10 @@ func (r *Runtime) Exec(ctx context.Context, id string, req ExecRequest) (ExecRes
 }
 
 // warm configures a sandbox's pool of warm login shells once (in the
-// background: the first commands run cold meanwhile).
+// background: the first commands run cold meanwhile). An agent that
+// answered has the configuration even if its shells failed to start (a
+// slow login profile): it retries with a back-off of its own, so only a
+// warm op that did not get through is sent again, by the next command.
 func (r *Runtime) warm(id string, base []string) {
 	if base == nil {
 		return
@@ -217,8 +220,9 @@ func (r *Runtime) warm(id string, base []string) {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 		defer cancel()
-		if err := r.Agent(id).Warm(ctx, base, 2); err != nil {
-			r.warmed.Delete(id)
+		var ae *agent.AgentError
+		if err := r.Agent(id).Warm(ctx, base, 2); err != nil && !errors.As(err, &ae) {
+			r.warmed.CompareAndDelete(id, key)
 		}
 	}()
 }

@@ -235,8 +235,10 @@ func (s *server) handle(nc *net.UnixConn) {
 		s.expireParkedNow()
 		c.writeOK()
 	case agent.OpStats:
+		ws := s.pool.stats()
 		c.writeJSON(agent.FrameExit, agent.Stats{
-			Goroutines: runtime.NumGoroutine(), FDs: countFDs(), Warm: s.pool.readyCount(),
+			Goroutines: runtime.NumGoroutine(), FDs: countFDs(), Warm: ws.ready,
+			WarmFails: ws.fails, WarmRetryMs: ws.retryIn.Milliseconds(),
 		})
 	default:
 		c.writeError("unknown op")

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"slices"
 	"strconv"
@@ -26,8 +27,15 @@ const bootstrap = `compgen -e >&4 && echo '#ok' >&4; exec 4>&-; ` +
 	`read -r -n 1 -u 3 __sbx_s || exit 0; mapfile -t -d '' -u 5 __sbx_s; exec 3<&- 5<&-; eval "${__sbx_s[0]}"`
 
 const (
-	maxWarmFails = 3 // consecutive failed warm starts before giving up
-	warmTimeout  = 10 * time.Second
+	warmTimeout = 10 * time.Second
+	// After maxWarmFails consecutive failed warm starts (a slow or broken
+	// login profile, the process limit) the pool backs off: one start may
+	// be tried per back-off period, which doubles from warmBackoff up to
+	// maxWarmBackoff, and only when a request comes (an idle sandbox
+	// starts nothing). A change to the profile files ends the back-off.
+	maxWarmFails   = 3
+	warmBackoff    = 15 * time.Second
+	maxWarmBackoff = 5 * time.Minute
 )
 
 // bashManaged are variables a fresh bash sets itself; the warm script
@@ -84,24 +92,48 @@ func (w *warmShell) closeFiles() {
 	}
 }
 
-// pool keeps up to cfg.count warm shells ready. All fields are guarded by
-// mu; spawn goroutines are owned by the pool and end on their own (a warm
-// start is bounded by warmTimeout).
+// pool keeps up to cfg.count warm shells ready. All fields below mu are
+// guarded by it; spawn goroutines are owned by the pool and end on their
+// own (a warm start is bounded by warmTimeout).
 type pool struct {
-	s        *server
+	log *slog.Logger
+	// start starts a warm shell (server.startWarm); stop kills one that
+	// will not be used; now is the clock. Fakes replace them in tests.
+	start func(cfg *warmConfig, stamp string) (*warmShell, error)
+	stop  func(*warmShell)
+	now   func() time.Time
+
 	mu       sync.Mutex
 	cfg      *warmConfig
 	explicit bool // configured by a warm op: start requests no longer do
 	gen      int  // bumped when shells of older generations must not be kept
 	ready    []*warmShell
 	starting int
-	fails    int
 	paused   bool
 	changed  chan struct{} // closed and replaced on every change
+	// fails counts consecutive failed starts; from maxWarmFails on, no
+	// start before retryAt, and then one at a time. failStamp is the
+	// profileStamp after the last failed start.
+	fails     int
+	failStamp string
+	backoff   time.Duration
+	retryAt   time.Time
 }
 
 func newPool(s *server) *pool {
-	return &pool{s: s, changed: make(chan struct{})}
+	return &pool{
+		log: s.log, start: s.startWarm, now: time.Now,
+		stop: func(w *warmShell) {
+			s.reaper.killRunning(w.child)
+			w.closeFiles()
+		},
+		changed: make(chan struct{}),
+	}
+}
+
+// resetFailsLocked ends a back-off.
+func (p *pool) resetFailsLocked() {
+	p.fails, p.failStamp, p.backoff, p.retryAt = 0, "", 0, time.Time{}
 }
 
 func (p *pool) notifyLocked() {
@@ -120,7 +152,8 @@ func (p *pool) configure(cfg *warmConfig) {
 		return
 	}
 	old := p.ready
-	p.cfg, p.ready, p.fails = cfg, nil, 0
+	p.cfg, p.ready = cfg, nil
+	p.resetFailsLocked()
 	p.gen++
 	p.notifyLocked()
 	p.mu.Unlock()
@@ -155,10 +188,20 @@ func (p *pool) configureAndWait(cfg *warmConfig, timeout time.Duration) error {
 	}
 }
 
-func (p *pool) readyCount() int {
+// warmStats is what the stats op reports about the pool.
+type warmStats struct {
+	ready, fails int
+	retryIn      time.Duration // left of a back-off
+}
+
+func (p *pool) stats() warmStats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return len(p.ready)
+	st := warmStats{ready: len(p.ready), fails: p.fails}
+	if p.fails >= maxWarmFails {
+		st.retryIn = max(0, p.retryAt.Sub(p.now()))
+	}
+	return st
 }
 
 // pause drops the ready shells and stops refilling until resume.
@@ -175,19 +218,29 @@ func (p *pool) pause() {
 	}
 }
 
+// resume refills after a pause, with a fresh failure count (killall may
+// have ended what made the starts fail: a fork bomb at the process limit).
 func (p *pool) resume() {
 	p.mu.Lock()
-	p.paused, p.fails = false, 0
+	p.paused = false
+	p.resetFailsLocked()
 	p.mu.Unlock()
 	p.fill()
 }
 
-// fill starts as many warm shells as are missing.
+// fill starts as many warm shells as are missing; while backing off, one
+// once retryAt has passed.
 func (p *pool) fill() {
 	p.mu.Lock()
 	n := 0
-	if p.cfg != nil && !p.paused && p.fails < maxWarmFails {
+	if p.cfg != nil && !p.paused {
 		n = p.cfg.count - len(p.ready) - p.starting
+		if p.fails >= maxWarmFails && (p.starting > 0 || p.now().Before(p.retryAt)) {
+			n = 0
+		}
+		if p.fails >= maxWarmFails {
+			n = min(n, 1)
+		}
 	}
 	if n <= 0 {
 		p.mu.Unlock()
@@ -202,7 +255,14 @@ func (p *pool) fill() {
 }
 
 func (p *pool) spawn(gen int, cfg *warmConfig) {
-	w, err := p.s.startWarm(cfg)
+	// A shell is stamped with the profile files before they run (a change
+	// while they run makes it stale); a failure with them after (so that a
+	// profile that rewrites one of them does not end its own back-off).
+	w, err := p.start(cfg, profileStamp(cfg.env))
+	var stamp string
+	if err != nil {
+		stamp = profileStamp(cfg.env)
+	}
 	p.mu.Lock()
 	p.starting--
 	if gen != p.gen || p.paused || (err == nil && len(p.ready) >= p.cfg.count) {
@@ -215,25 +275,40 @@ func (p *pool) spawn(gen int, cfg *warmConfig) {
 	}
 	if err != nil {
 		p.fails++
-		retry := p.fails < maxWarmFails
+		p.failStamp = stamp
+		fails, retry := p.fails, p.fails < maxWarmFails
+		var backoff time.Duration
+		// Shells started together fail together: one back-off for them.
+		if now := p.now(); !retry && !now.Before(p.retryAt) {
+			p.backoff = min(max(2*p.backoff, warmBackoff), maxWarmBackoff)
+			p.retryAt = now.Add(p.backoff)
+			backoff = p.backoff
+		}
 		p.notifyLocked()
 		p.mu.Unlock()
-		p.s.log.Warn("warm shell", "err", err)
+		if backoff > 0 {
+			p.log.Warn("warm shell", "err", err, "fails", fails, "retryIn", backoff)
+		} else {
+			p.log.Warn("warm shell", "err", err)
+		}
 		if retry {
 			time.AfterFunc(100*time.Millisecond, p.fill)
 		}
 		return
 	}
-	p.fails = 0
+	wasFailing := p.fails > 0
+	p.resetFailsLocked()
 	p.ready = append(p.ready, w)
 	p.notifyLocked()
 	p.mu.Unlock()
+	if wasFailing {
+		p.fill() // a probe after a back-off: start the others
+	}
 }
 
 // discard kills a warm shell that will not be used and closes its files.
 func (p *pool) discard(w *warmShell) {
-	p.s.reaper.killRunning(w.child)
-	w.closeFiles()
+	p.stop(w)
 }
 
 // take hands out a ready warm shell for a request that is eligible (see
@@ -250,7 +325,11 @@ func (p *pool) take(uid, gid uint32, env []string, cwd string) *warmShell {
 	var dead []*warmShell
 	// A shell whose profile files changed since it read them would miss
 	// what a cold login shell sees (an export appended to ~/.profile).
+	// The change may also have fixed what made warm starts fail.
 	stamp := profileStamp(p.cfg.env)
+	if p.fails > 0 && stamp != p.failStamp {
+		p.resetFailsLocked()
+	}
 	for len(p.ready) > 0 && w == nil {
 		c := p.ready[0]
 		p.ready = p.ready[1:]
@@ -437,9 +516,10 @@ func nextShellLevel(env map[string]string) int {
 }
 
 // startWarm starts one warm shell and waits until its profile ran.
-func (s *server) startWarm(cfg *warmConfig) (_ *warmShell, err error) {
+// stamp is the profileStamp read before it starts.
+func (s *server) startWarm(cfg *warmConfig, stamp string) (_ *warmShell, err error) {
 	var toClose []*os.File // the child's ends, and ours on failure
-	w := &warmShell{base: cfg.env, prof: profileStamp(cfg.env)}
+	w := &warmShell{base: cfg.env, prof: stamp}
 	defer func() {
 		for _, f := range toClose {
 			f.Close()

@@ -613,7 +613,7 @@ func TestNoLeaks(t *testing.T) {
 		setWarm(t, 2)
 		time.Sleep(200 * time.Millisecond) // handlers close after their last write
 		fds := agentFDs(t)                 // before stats opens a connection
-		st, err := cl.stats(ctxT(t))
+		st, err := cl.Stats(ctxT(t))
 		if err != nil {
 			t.Fatal(err)
 		}

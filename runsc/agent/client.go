@@ -126,7 +126,9 @@ func (c *Client) Ping(ctx context.Context) (time.Duration, error) {
 }
 
 // Warm sets the base environment and size of the warm-shell pool and
-// returns once the pool is full.
+// returns once the pool is full. An *AgentError means the pool is
+// configured but not full (its shells failed to start, or are slow): the
+// agent keeps trying on its own.
 func (c *Client) Warm(ctx context.Context, env []string, count int) error {
 	if env == nil {
 		env = []string{}
@@ -135,7 +137,9 @@ func (c *Client) Warm(ctx context.Context, env []string, count int) error {
 	return err
 }
 
-func (c *Client) stats(ctx context.Context) (Stats, error) {
+// Stats reports the agent's goroutines, descriptors and warm pool (for
+// tests and debugging).
+func (c *Client) Stats(ctx context.Context) (Stats, error) {
 	var st Stats
 	b, err := c.simple(ctx, &Request{Op: OpStats})
 	if err == nil {

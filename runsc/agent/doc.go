@@ -44,8 +44,10 @@
 // warm: sets the base environment and size of the warm-shell pool (count 0
 // disables it; optional "uid", "gid" default 1000, optional "cwd" default
 // "/") and answers 'x' {"exitCode":0} once count shells are ready (or 'E'
-// if they fail to start; at most about 10 s). Repeating the current
-// configuration keeps the pool and only waits for it to be full. Until a
+// if they fail to start; at most about 10 s; the pool keeps the
+// configuration and retries on its own). Repeating the current
+// configuration keeps the pool, its failure count and back-off, and only
+// waits for it to be full. Until a
 // warm op is received every start is cold: a request's own environment
 // (which may hold one-off values) never configures the pool.
 //
@@ -78,7 +80,9 @@
 // knows none, so terminals and code contexts of the lost server end at
 // once instead of lingering.
 //
-// stats (debug): answers 'x' {"exitCode":0,"goroutines":N,"fds":N,"warm":N}.
+// stats (debug): answers 'x' {"exitCode":0,"goroutines":N,"fds":N,"warm":N,
+// "warmFails":N,"warmRetryMs":N}: ready warm shells, consecutive failed warm
+// starts, and how long the pool's back-off has left (see Warm shells).
 //
 // # Frames
 //
@@ -135,7 +139,18 @@
 // (cd -P; failure exits 1) and runs the command from line 2 of the eval.
 // The warm shell's stdin, stdout and stderr are pipes the agent owns;
 // anything the profile printed is forwarded first, as with a cold start.
-// A replacement shell is started as soon as one is handed out. A request uses a warm shell only
+// A replacement shell is started as soon as one is handed out. A shell
+// that fails to start (the profile exits it, or takes longer than 10 s)
+// is retried after 100 ms; after 3 consecutive failures the pool backs
+// off: it starts nothing until the back-off has passed (15 s, doubling
+// up to 5 min for each further failure), and then one shell, on the next
+// request, which refills the pool if it starts. A request that finds the
+// login profile files changed since the last failure (size or mtime of
+// /etc/profile, /etc/bash.bashrc, /etc/profile.d/*, ~/.bash_profile,
+// ~/.bash_login, ~/.profile, ~/.bashrc) ends the back-off at once; so
+// does killall, and a new configuration. A broken profile thus costs at
+// most one start per back-off period, and only when requests come.
+// A request uses a warm shell only
 // if it is not a tty, its args are exactly ["/bin/bash","-lc",CMD], its
 // uid/gid match the pool's, its env has PATH, no duplicate or non-identifier
 // names, no bash-special names, and agrees with the pool's base env on the

@@ -130,6 +130,11 @@ type Stats struct {
 	Goroutines int `json:"goroutines"`
 	FDs        int `json:"fds"`
 	Warm       int `json:"warm"`
+	// WarmFails counts consecutive failed warm-shell starts; from 3 on
+	// the pool backs off, and WarmRetryMs is how long until it may try
+	// again (on the next request).
+	WarmFails   int   `json:"warmFails"`
+	WarmRetryMs int64 `json:"warmRetryMs"`
 }
 
 // ErrFrameTooLarge is returned for a frame longer than MaxFrame.
