@@ -70,6 +70,10 @@ type Runtime struct {
 	cpus   cpuPlacer // cpusets chosen for sandboxes being created
 	warmed sync.Map  // container id -> base env its agent's warm pool has
 	procs  sync.Map  // container id -> *procSet: processes a checkpoint parks
+	// running: container id -> pid of a sandbox runsc state said runs
+	// (Inspect's fast path); dropped when that process is gone or the
+	// sandbox is destroyed or created again.
+	running sync.Map
 }
 
 // ErrDiskMissing: a resume found no disk for the sandbox on this node.

@@ -65,6 +65,7 @@ func (r *Runtime) setup(ctx context.Context, sb Sandbox, start func(context.Cont
 	if !r.Owns(sb.ID) {
 		return fmt.Errorf("container id %q not made by this runtime", sb.ID)
 	}
+	r.running.Delete(sb.ID)
 	if err := sb.Limits.validate(); err != nil {
 		return err
 	}
@@ -207,6 +208,7 @@ func (r *Runtime) Destroy(ctx context.Context, id string, o DestroyOpts) error {
 	if !r.Owns(id) {
 		return fmt.Errorf("container id %q not made by this runtime", id)
 	}
+	r.running.Delete(id)
 	d := r.dir(id)
 	if fi, err := os.Lstat(d); err == nil && !fi.IsDir() {
 		// Planted or broken: nothing is followed out of the sandboxes dir.
@@ -341,6 +343,17 @@ type runscState struct {
 // record can say "running" after the sandbox was killed (OOM), so the
 // process is checked too.
 func (r *Runtime) Inspect(ctx context.Context, id string) (State, error) {
+	// A sandbox runsc said runs is checked through its sandbox process
+	// (still runsc-sandbox of this bundle) and its cgroup, without a runsc
+	// process: the monitor inspects every running sandbox every few
+	// seconds, and at a thousand sandboxes "runsc state" each time would
+	// take more CPU than the node has. Anything else asks runsc.
+	if v, ok := r.running.Load(id); ok {
+		if pid := v.(int); r.isSandboxProcess(pid, id) {
+			return State{ID: id, Pid: pid, Status: StatusRunning, OOMKills: r.cg.oomKills(id)}, nil
+		}
+		r.running.Delete(id)
+	}
 	out, err := r.run(ctx, "state", id)
 	if err != nil {
 		var re *runscError
@@ -353,7 +366,11 @@ func (r *Runtime) Inspect(ctx context.Context, id string) (State, error) {
 	if err := json.Unmarshal(out, &st); err != nil {
 		return State{}, fmt.Errorf("runsc state: %w", err)
 	}
-	return r.check(st), nil
+	state := r.check(st)
+	if state.Status == StatusRunning {
+		r.running.Store(id, state.Pid)
+	}
+	return state, nil
 }
 
 func (r *Runtime) check(st runscState) State {

@@ -91,6 +91,7 @@ func (s *Server) runCodeIn(ctx context.Context, ses *store.Session, lang string,
 	if err != nil {
 		return codeResponse{}, err
 	}
+	*ses = cmd.Session // resumed if it was paused for memory pressure
 	defer cmd.End()
 	// A run waits for the context's previous one at most its own timeout,
 	// and never runs for a client that has gone.

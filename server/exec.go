@@ -102,6 +102,7 @@ func (s *Server) execCommand(ctx context.Context, ses *store.Session, req *execR
 	if err != nil {
 		return execResponse{}, err
 	}
+	*ses = cmd.Session // resumed if it was paused for memory pressure
 	defer cmd.End()
 	// Output passes the session's scrubber first, then the shared cap: what
 	// is cut is already redacted, so no secret is ever cut in half.

@@ -144,6 +144,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, p store.Principal
 		fail(err)
 		return
 	}
+	*ses = cmd.Session // resumed if it was paused for memory pressure
 	defer cmd.End()
 	call.Fail = fail
 	call.Sandbox = portal.Sandbox{PK: ses.ID, ContainerID: ses.ContainerID,

@@ -341,10 +341,11 @@ func TestCapacityLimits(t *testing.T) {
 	e := newAPIEnv(t, func(c *config.Config) {
 		c.Limits.MaxSandboxesPerOrg = 2
 		c.Limits.MaxMemoryMiB = 3 * 1024
+		c.Limits.MemoryOvercommit = 1
 	})
 	e.provision(e.token, map[string]any{"sessionId": "c1"}) // 1 GiB
 	msg := apiError(t, e.do("POST", "/v1/sandbox", e.token, map[string]any{"sessionId": "c2", "size": "standard-3"}), http.StatusServiceUnavailable, "unavailable")
-	if !strings.Contains(msg, "memory") {
+	if !strings.Contains(msg, "3072 MiB with overcommit") {
 		t.Errorf("memory message: %q", msg)
 	}
 	e.provision(e.token, map[string]any{"sessionId": "c3"})

@@ -24,6 +24,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -130,6 +132,31 @@ func Binaries(cfg *config.Config) (runscBin, agent string) {
 		agent = filepath.Join(BinDir(), "sandboxd-agent")
 	}
 	return runscBin, agent
+}
+
+// RaiseFileLimit raises the process's open-file limit as far as the
+// kernel allows (fs.nr_open, at most 1<<20), as the systemd unit's
+// LimitNOFILE does: each sandbox takes descriptors in the server (agent
+// and proxy connections, logs, disks), and the egress proxy's budget is a
+// share of this limit (egress.ConnLimits). Raising a hard limit needs
+// root; otherwise the soft one goes up to the hard one (as Go does).
+func RaiseFileLimit() {
+	var rl unix.Rlimit
+	if unix.Getrlimit(unix.RLIMIT_NOFILE, &rl) != nil {
+		return
+	}
+	want := uint64(1 << 20)
+	if b, err := os.ReadFile("/proc/sys/fs/nr_open"); err == nil {
+		if n, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64); err == nil {
+			want = min(want, n)
+		}
+	}
+	if rl.Cur >= want {
+		return
+	}
+	if unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: want, Max: max(want, rl.Max)}) != nil {
+		unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: rl.Max, Max: rl.Max})
+	}
 }
 
 // RuntimeConfig is the driver's configuration for cfg: runsc and the
@@ -431,6 +458,7 @@ func lockDataDir(dir string) (*os.File, error) {
 
 // Run serves until ctx is done, then shuts down gracefully.
 func Run(ctx context.Context, cfg *config.Config, out io.Writer) error {
+	RaiseFileLimit()
 	s, err := New(ctx, cfg, out)
 	if err != nil {
 		return err

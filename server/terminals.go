@@ -50,6 +50,7 @@ func (s *Server) terminalWS(c *gin.Context) {
 		s.writeError(c, err)
 		return
 	}
+	*ses = cmd.Session // resumed if it was paused for memory pressure
 	defer cmd.End()
 	var term *procs.Terminal
 	if termID != "" {

@@ -108,10 +108,23 @@ type Limits struct {
 	MaxSandboxesPerOrg   int   `yaml:"maxSandboxesPerOrg"`
 	MaxExecsPerSession   int   `yaml:"maxExecsPerSession"`
 	MaxMemoryMiB         int   `yaml:"maxMemoryMiB"`
-	MinFreeDiskMiB       int   `yaml:"minFreeDiskMiB"`
-	TerminalIdleSeconds  int   `yaml:"terminalIdleSeconds"`
-	MaxAPIConns          int   `yaml:"maxAPIConns"`
-	APIIdleSeconds       int   `yaml:"apiIdleSeconds"`
+	// MemoryOvercommit lets the sizes of running sandboxes add up to
+	// MaxMemoryMiB times this: an idle sandbox uses a small part of its
+	// size. What is actually in use is watched with the two below.
+	MemoryOvercommit float64 `yaml:"memoryOvercommit"`
+	// MinFreeMemoryMiB: a start is refused (503) while the host has less
+	// memory available (MemAvailable).
+	MinFreeMemoryMiB int `yaml:"minFreeMemoryMiB"`
+	// PressureFreeMemoryMiB: below this much available memory the monitor
+	// pauses the coldest idle sandboxes (idle at least
+	// PressureMinIdleSeconds) with their memory; each resumes on its next
+	// request.
+	PressureFreeMemoryMiB  int `yaml:"pressureFreeMemoryMiB"`
+	PressureMinIdleSeconds int `yaml:"pressureMinIdleSeconds"`
+	MinFreeDiskMiB         int `yaml:"minFreeDiskMiB"`
+	TerminalIdleSeconds    int `yaml:"terminalIdleSeconds"`
+	MaxAPIConns            int `yaml:"maxAPIConns"`
+	APIIdleSeconds         int `yaml:"apiIdleSeconds"`
 	// IdleAction is what a session's idle timeout does unless its
 	// provision chose: IdleTeardown or IdlePause.
 	IdleAction string `yaml:"idleAction"`
@@ -362,6 +375,12 @@ func (c *Config) validate() error {
 		l.MaxExecsPerSession < 1 || l.MaxMemoryMiB < 0 || l.MinFreeDiskMiB < 0 || l.TerminalIdleSeconds < 1 ||
 		l.MaxAPIConns < 0 || l.APIIdleSeconds < 1 {
 		errs = append(errs, errors.New("limits: out of range"))
+	}
+	if !(l.MemoryOvercommit >= 1 && l.MemoryOvercommit <= 1000) {
+		errs = append(errs, fmt.Errorf("limits.memoryOvercommit: %v is not between 1 (no overcommit) and 1000", l.MemoryOvercommit))
+	}
+	if l.MinFreeMemoryMiB < 0 || l.PressureFreeMemoryMiB < 0 || l.PressureMinIdleSeconds < 0 {
+		errs = append(errs, errors.New("limits: minFreeMemoryMiB, pressureFreeMemoryMiB and pressureMinIdleSeconds must be 0 or more"))
 	}
 	if c.Storage.OrgQuotaMiB < 0 {
 		errs = append(errs, errors.New("storage.orgQuotaMiB: must be 0 (no cap) or more"))

@@ -48,7 +48,7 @@ func TestLoadConfigDefaults(t *testing.T) {
 	}
 	l := c.Limits
 	if l.MaxBodyBytes != 1<<20 || l.ExecOutputBytes != 1<<20 || l.ExecDefaultTimeoutMs != 60000 ||
-		l.ExecMaxTimeoutMs != 3600000 || l.MaxSandboxes != 64 {
+		l.ExecMaxTimeoutMs != 3600000 || l.MaxSandboxes != 1000 || l.MemoryOvercommit != 50 || l.PressureFreeMemoryMiB != 2048 {
 		t.Errorf("limits = %+v", l)
 	}
 	if c.Sizes.Default != "standard-1" || len(c.Sizes.List) != 5 {

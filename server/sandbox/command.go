@@ -55,8 +55,12 @@ type Admit struct {
 }
 
 // Command admits a command in a session (as Get returned it) that must be
-// running.
+// running; one paused for memory pressure is resumed first (the returned
+// Command holds the session as it is now).
 func (m *Manager) Command(ctx context.Context, ses store.Session, a Admit) (*Command, error) {
+	if err := m.wake(ctx, &ses); err != nil {
+		return nil, err
+	}
 	if ses.Status == store.StatusPaused {
 		return nil, errdefs.Conflict("session is paused; resume it first (POST /v1/sandbox/%s/resume): its processes are kept", ses.SessionID)
 	}

@@ -124,8 +124,14 @@ func (m *Manager) locked(ctx context.Context, orgID, sessionID string) (*store.S
 
 // Use runs fn on a session under its lock, so no teardown, resume or
 // delete runs meanwhile (file access). While fn runs, a running session
-// counts as in use for its idle timeout.
+// counts as in use for its idle timeout. A session paused for memory
+// pressure is resumed first.
 func (m *Manager) Use(ctx context.Context, orgID, sessionID string, fn func(ses *store.Session) error) error {
+	if ses, err := m.db.GetSession(ctx, orgID, sessionID); err == nil {
+		if err := m.wake(ctx, &ses); err != nil {
+			return err
+		}
+	}
 	ses, unlock, err := m.locked(ctx, orgID, sessionID)
 	if err != nil {
 		return err
@@ -324,7 +330,9 @@ func (m *Manager) checkDisk() error {
 }
 
 // reserve takes capacity for a new sandbox: a slot on the server and in
-// its organization (within its plan's concurrency), and its size's memory.
+// its organization (within its plan's concurrency), and its size's memory
+// (overcommitted: limits.memoryOvercommit), while the host has memory
+// available (limits.minFreeMemoryMiB).
 func (m *Manager) reserve(org string, memMiB int, pl config.Plan) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -335,8 +343,12 @@ func (m *Manager) reserve(org string, memMiB int, pl config.Plan) error {
 		return errdefs.Unavailable("this server runs its maximum of %d sandboxes; retry later", m.lim.MaxSandboxes)
 	case m.perOrg[org] >= m.lim.MaxSandboxesPerOrg:
 		return errdefs.Unavailable("your organization runs its maximum of %d sandboxes; tear one down first", m.lim.MaxSandboxesPerOrg)
-	case m.memUsed+memMiB > m.memMax:
-		return errdefs.Unavailable("not enough memory left on this server for this size (%d MiB free); try a smaller size or later", max(m.memMax-m.memUsed, 0))
+	case float64(m.memUsed+memMiB) > float64(m.memMax)*m.overcommit():
+		return errdefs.Unavailable("the sizes of the sandboxes running on this server add up to its limit (%d of %d MiB with overcommit); try a smaller size or later",
+			m.memUsed, int(float64(m.memMax)*m.overcommit()))
+	}
+	if avail := m.memAvailable(); avail >= 0 && avail < m.lim.MinFreeMemoryMiB {
+		return errdefs.Unavailable("this server's memory is in use (%d MiB available, it keeps %d MiB free); retry later", avail, m.lim.MinFreeMemoryMiB)
 	}
 	m.live++
 	m.perOrg[org]++
@@ -939,6 +951,7 @@ func (m *Manager) sweep() {
 	}
 	m.seeRuns(ctx, alive)
 	m.enforceCredits(ctx)
+	m.relievePressure(ctx, alive)
 }
 
 // maxIdleActions bounds the monitor's teardowns and pauses running at once.

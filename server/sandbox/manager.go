@@ -159,6 +159,9 @@ type Options struct {
 	Sizes config.Sizes
 	// OnDrawn receives credits as running sessions draw them (metrics).
 	OnDrawn func(credits.Milli)
+	// MemAvailable reads the host's available memory in MiB (tests set
+	// it); nil reads MemAvailable from /proc/meminfo.
+	MemAvailable func() int
 }
 
 // Manager owns the lifecycle of sessions.
@@ -176,6 +179,8 @@ type Manager struct {
 	git    GitHost
 	log    *slog.Logger
 	now    func() time.Time
+	// memAvailable is the host's available memory (MiB), -1 if unknown.
+	memAvailable func() int
 
 	storage Storage
 	disks   Disks
@@ -215,26 +220,33 @@ func New(o Options) *Manager {
 	if m.now == nil {
 		m.now = func() time.Time { return time.Now().UTC() }
 	}
+	m.memAvailable = o.MemAvailable
+	if m.memAvailable == nil {
+		m.memAvailable = func() int { return meminfoMiB("MemAvailable:") }
+	}
 	m.memMax = o.Limits.MaxMemoryMiB
 	if m.memMax == 0 {
-		m.memMax = hostMemoryMiB() - 2048
+		m.memMax = meminfoMiB("MemTotal:") - 2048
 	}
 	return m
 }
 
-// hostMemoryMiB reads MemTotal from /proc/meminfo.
-func hostMemoryMiB() int {
+// meminfoMiB reads one field of /proc/meminfo in MiB; -1 if unreadable.
+func meminfoMiB(field string) int {
 	b, err := os.ReadFile("/proc/meminfo")
 	if err != nil {
-		return 0
+		return -1
 	}
 	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "MemTotal:"); ok {
-			kb, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
+		if v, ok := strings.CutPrefix(line, field); ok {
+			kb, err := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
+			if err != nil {
+				return -1
+			}
 			return kb / 1024
 		}
 	}
-	return 0
+	return -1
 }
 
 // sessionLock is a session's lock; refs counts holders and waiters, so
