@@ -9,7 +9,7 @@ BIN     := $(CURDIR)/bin
 GOFLAGS := -trimpath
 export CGO_ENABLED := 0
 
-.PHONY: all build web root-check host-packages image run test fuzz test-unit bench install install-files fmt
+.PHONY: all build web root-check host-packages image run test test-hardening fuzz test-unit bench install install-files fmt
 
 all: build
 
@@ -64,6 +64,15 @@ test: root-check host-packages build image
 	@# With the race detector, which needs cgo: only the test binaries are
 	@# built with it; every shipped binary (build) stays static.
 	SANDBOXD_BIN=$(BIN) CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 40m ./...
+
+# The hardening suites at full size (docs/SECURITY.md, docs/BENCHMARKS.md):
+# 1,000 idle standard-1 sandboxes then 50 busy ones, fork bombs, memory
+# pressure, the warm pool's recovery. Bounded in count and time; make test
+# runs the same tests at their quick size (12 sandboxes). Figures go to
+# test-output/density.json.
+test-hardening: root-check host-packages build image
+	SANDBOXD_BIN=$(BIN) SANDBOXD_DENSITY=1000 SANDBOXD_HARDENING=1 $(GO) test -count=1 -timeout 150m -v \
+		-run 'TestRealDensity|TestRealKillVerified|TestRealPressurePause|TestRealWarmPoolRecovers|TestHardening' ./server/
 
 # Tests that need neither root nor gVisor (the real ones skip in -short).
 test-unit: web

@@ -1,0 +1,178 @@
+package server
+
+import (
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// densityCount is how many idle standard-1 sandboxes the density test
+// provisions: SANDBOXD_DENSITY (make test-hardening sets 1000), else a
+// quick 12 in make test.
+func densityCount(t *testing.T) int {
+	if v := os.Getenv("SANDBOXD_DENSITY"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			t.Fatalf("SANDBOXD_DENSITY=%q", v)
+		}
+		return n
+	}
+	return 12
+}
+
+func memAvailableMiB() int {
+	b, _ := os.ReadFile("/proc/meminfo")
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "MemAvailable:"); ok {
+			kb, _ := strconv.Atoi(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")))
+			return kb / 1024
+		}
+	}
+	return -1
+}
+
+func pctl(ds []time.Duration, p float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := append([]time.Duration(nil), ds...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return s[min(len(s)-1, int(float64(len(s))*p/100))]
+}
+
+// Density and load: as many idle standard-1 sandboxes as asked (or until
+// the node refuses with a clear 503), their host memory each, provision
+// and exec latency, then a busy phase; every figure goes to
+// test-output/density.json (docs/BENCHMARKS.md).
+func TestRealDensity(t *testing.T) {
+	n := densityCount(t)
+	cfg := realConfig(t)
+	RaiseFileLimit()
+	cfg.Limits.MaxSandboxes = n + 8
+	cfg.Limits.MaxSandboxesPerOrg = n + 8
+	for i := range cfg.Plans.List {
+		cfg.Plans.List[i].MaxConcurrent = n + 8
+	}
+	cfg.Limits.PressureFreeMemoryMiB = 0 // measure the idle cost, nothing paused
+	h := startServer(t, cfg)
+	res := map[string]any{"asked": n}
+	defer func() {
+		b, _ := json.MarshalIndent(res, "", "  ")
+		os.MkdirAll("test-output", 0o755)
+		os.WriteFile(filepath.Join("test-output", "density.json"), b, 0o644)
+		t.Logf("density: %s", b)
+	}()
+
+	// Warm the image's page cache and the server with one sandbox.
+	h.provision("d-warm", "standard-1")
+	h.sh("d-warm", "true")
+	time.Sleep(2 * time.Second)
+	before := memAvailableMiB()
+	var ids []string
+	var prov []time.Duration
+	t0 := time.Now()
+	for i := range n {
+		id := fmt.Sprintf("d%04d", i)
+		ts := time.Now()
+		code, b := h.call(h.token, "POST", "/v1/sandbox", map[string]any{"sessionId": id, "size": "standard-1"})
+		if code != 201 {
+			// The node's refusal must be a clear 503 and leave nothing.
+			var e struct {
+				Error struct{ Code, Message string }
+			}
+			json.Unmarshal(b, &e)
+			res["refusedAt"], res["refusal"] = i, fmt.Sprintf("%d %s: %s", code, e.Error.Code, e.Error.Message)
+			if code != 503 || e.Error.Message == "" {
+				t.Fatalf("provision %d refused unclearly: %d %s", i, code, b)
+			}
+			if c2, _ := h.call(h.token, "GET", "/v1/sandbox/"+id, nil); c2 != 404 {
+				t.Fatalf("refused provision left session %s: %d", id, c2)
+			}
+			break
+		}
+		prov = append(prov, time.Since(ts))
+		ids = append(ids, id)
+		if (i+1)%100 == 0 {
+			t.Logf("%d sandboxes, %d MiB available, last provision %v", i+1, memAvailableMiB(), prov[len(prov)-1])
+		}
+	}
+	res["provisioned"] = len(ids)
+	res["provisionSeconds"] = time.Since(t0).Seconds()
+	res["provisionP50Ms"], res["provisionP99Ms"] = pctl(prov, 50).Milliseconds(), pctl(prov, 99).Milliseconds()
+	if len(ids) == 0 {
+		t.Fatal("no sandbox provisioned")
+	}
+	time.Sleep(10 * time.Second) // let them settle idle
+	after := memAvailableMiB()
+	res["memAvailableBeforeMiB"], res["memAvailableAfterMiB"] = before, after
+	res["hostMiBPerIdleSandbox"] = float64(before-after) / float64(len(ids))
+
+	// Exec latency with every sandbox idle around.
+	var execs []time.Duration
+	for range min(100, 2*len(ids)) {
+		id := ids[rand.IntN(len(ids))]
+		ts := time.Now()
+		if r := h.sh(id, "echo ok"); r.Stdout != "ok\n" {
+			t.Fatalf("exec in %s: %+v", id, r)
+		}
+		execs = append(execs, time.Since(ts))
+	}
+	res["idleExecP50Ms"], res["idleExecP99Ms"] = pctl(execs, 50).Milliseconds(), pctl(execs, 99).Milliseconds()
+
+	// Busy: up to 50 sandboxes each with a CPU-bound and an I/O-bound
+	// command and a terminal open, while others are probed.
+	busy := ids[:min(50, len(ids)/2+1)]
+	var wg sync.WaitGroup
+	for _, id := range busy {
+		h.terminalWS(t, id, "tty=true")
+		for _, c := range []string{
+			"timeout 20 sh -c 'while :; do :; done'",
+			"timeout 20 sh -c 'while :; do dd if=/dev/zero of=/tmp/io bs=1M count=16 conv=fsync 2>/dev/null; done'",
+		} {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				h.exec(id, map[string]any{"command": c + "; true", "timeoutMs": 60000})
+			}()
+		}
+	}
+	time.Sleep(3 * time.Second)
+	var busyExecs []time.Duration
+	for range 40 {
+		id := ids[len(ids)-1-rand.IntN(max(1, len(ids)-len(busy)))]
+		ts := time.Now()
+		if r := h.sh(id, "echo ok"); r.Stdout != "ok\n" {
+			t.Fatalf("exec in %s under load: %+v", id, r)
+		}
+		busyExecs = append(busyExecs, time.Since(ts))
+	}
+	res["busySandboxes"] = len(busy)
+	res["busyExecP50Ms"], res["busyExecP99Ms"] = pctl(busyExecs, 50).Milliseconds(), pctl(busyExecs, 99).Milliseconds()
+	wg.Wait()
+
+	// Delete them all (cleanup also checks nothing is left).
+	t1 := time.Now()
+	var dwg sync.WaitGroup
+	sem := make(chan struct{}, 4)
+	for _, id := range append(ids, "d-warm") {
+		dwg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer dwg.Done()
+			defer func() { <-sem }()
+			if code, b := h.call(h.token, "DELETE", "/v1/sandbox/"+id, nil); code != 204 && code != 200 {
+				t.Errorf("delete %s: %d %s", id, code, b)
+			}
+		}()
+	}
+	dwg.Wait()
+	res["deleteSeconds"] = time.Since(t1).Seconds()
+}
