@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -114,6 +115,38 @@ func TestRealDensity(t *testing.T) {
 	after := memAvailableMiB()
 	res["memAvailableBeforeMiB"], res["memAvailableAfterMiB"] = before, after
 	res["hostMiBPerIdleSandbox"] = float64(before-after) / float64(len(ids))
+	// The same cost read where it is charged, unperturbed by other
+	// processes on the machine: the sandbox's cgroup (gVisor's sentry,
+	// gofer and the guest's memory) for a sample, plus the server's share
+	// of its own resident memory (this test process hosts the server).
+	var cg []float64
+	for _, id := range ids[:min(50, len(ids))] {
+		code, b := h.call(h.token, "GET", "/v1/sandbox/"+id+"/stats", nil)
+		var st struct{ Memory struct{ UsedBytes *int64 } }
+		if code == 200 && json.Unmarshal(b, &st) == nil && st.Memory.UsedBytes != nil {
+			cg = append(cg, float64(*st.Memory.UsedBytes)/(1<<20))
+		}
+	}
+	if len(cg) > 0 {
+		sum := 0.0
+		for _, v := range cg {
+			sum += v
+		}
+		res["cgroupMiBPerIdleSandbox"] = sum / float64(len(cg))
+	}
+	if b, err := os.ReadFile("/proc/self/status"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+				kb, _ := strconv.Atoi(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")))
+				res["serverRSSMiB"] = kb / 1024
+				res["serverMiBPerIdleSandbox"] = float64(kb) / 1024 / float64(len(ids))
+			}
+		}
+	}
+	res["serverGoroutines"] = runtime.NumGoroutine()
+	if ents, err := os.ReadDir("/proc/self/fd"); err == nil {
+		res["serverFDs"] = len(ents)
+	}
 
 	// Exec latency with every sandbox idle around.
 	var execs []time.Duration
