@@ -32,6 +32,11 @@ type execResponse struct {
 	TimedOut   bool   `json:"timedOut"`
 	Truncated  bool   `json:"truncated"`
 	OOM        bool   `json:"oom"`
+	// Beyond the contract: what the cap dropped, and whether the command
+	// was stopped for writing more than limits.execMaxDroppedBytes past it.
+	StdoutDropped    int64 `json:"stdoutDropped"`
+	StderrDropped    int64 `json:"stderrDropped"`
+	StoppedForOutput bool  `json:"stoppedForOutput"`
 }
 
 const maxCommandBytes = 256 * 1024
@@ -104,11 +109,14 @@ func (s *Server) execCommand(ctx context.Context, ses *store.Session, req *execR
 	}
 	defer cmd.End()
 	// Output passes the session's scrubber first, then the shared cap: what
-	// is cut is already redacted, so no secret is ever cut in half.
+	// is cut is already redacted, so no secret is ever cut in half. Past
+	// the cap output is only counted, and a command that goes on writing
+	// is stopped: the server would scrub it for nothing until its timeout.
 	set := cmd.Scrubber
 	out := newCappedOutput(s.cfg.Limits.ExecOutputBytes)
+	stop := out.stopAfter(s.cfg.Limits.ExecMaxDroppedBytes)
 	// One Pair: a value split between stdout and stderr is caught too.
-	pair := set.NewPair(out.writer(&out.stdout), out.writer(&out.stderr))
+	pair := set.NewPair(out.stdoutWriter(), out.stderrWriter())
 	xr := runsc.ExecRequest{
 		Args:    []string{"/bin/bash", "-lc", req.Command},
 		Env:     cmd.Env(req.Env),
@@ -117,6 +125,7 @@ func (s *Server) execCommand(ctx context.Context, ses *store.Session, req *execR
 		Stdout:  pair.Stdout(),
 		Stderr:  pair.Stderr(),
 		Timeout: timeout,
+		Stop:    stop,
 	}
 	if req.Stdin != nil {
 		xr.Stdin = strings.NewReader(*req.Stdin)
@@ -135,18 +144,29 @@ func (s *Server) execCommand(ctx context.Context, ses *store.Session, req *execR
 			redactions[k] += n
 		}
 	}
-	s.logs.Event(ses.ID, "process_exit", map[string]any{"exitCode": res.ExitCode, "durationMs": res.Duration.Milliseconds(),
-		"timedOut": res.TimedOut, "oom": res.OOM, "redactions": redactions})
+	outDropped, errDropped := out.dropped()
+	exit := map[string]any{"exitCode": res.ExitCode, "durationMs": res.Duration.Milliseconds(),
+		"timedOut": res.TimedOut, "oom": res.OOM, "redactions": redactions}
+	if out.truncated {
+		exit["stdoutDropped"], exit["stderrDropped"], exit["stoppedForOutput"] = outDropped, errDropped, res.Stopped
+	}
+	s.logs.Event(ses.ID, "process_exit", exit)
 	note("exitCode", res.ExitCode)
 	note("durationMs", res.Duration.Milliseconds())
+	if res.Stopped {
+		note("stoppedForOutput", true)
+	}
 	return execResponse{
-		ExitCode:   res.ExitCode,
-		Stdout:     out.stdout.String(),
-		Stderr:     out.stderr.String(),
-		DurationMs: res.Duration.Milliseconds(),
-		TimedOut:   res.TimedOut,
-		Truncated:  out.truncated,
-		OOM:        res.OOM,
+		ExitCode:         res.ExitCode,
+		Stdout:           out.stdout.String(),
+		Stderr:           out.stderr.String(),
+		DurationMs:       res.Duration.Milliseconds(),
+		TimedOut:         res.TimedOut,
+		Truncated:        out.truncated,
+		OOM:              res.OOM,
+		StdoutDropped:    outDropped,
+		StderrDropped:    errDropped,
+		StoppedForOutput: res.Stopped,
 	}, nil
 }
 
@@ -172,31 +192,63 @@ func clip(s string, n int) string {
 }
 
 // cappedOutput collects stdout and stderr up to a shared byte cap and keeps
-// draining (so the command never blocks on a full pipe) past it.
+// draining (so the command never blocks on a full pipe) past it, counting
+// per stream the bytes it drops. It sits after the scrubber: the counts are
+// of the scrubbed output the answer does not hold (a redaction never tells
+// a secret's length).
 type cappedOutput struct {
-	mu             sync.Mutex
-	left           int
-	stdout, stderr bytes.Buffer
-	truncated      bool
+	mu                           sync.Mutex
+	left                         int
+	stdout, stderr               bytes.Buffer
+	truncated                    bool
+	stdoutDropped, stderrDropped int64
+	stopAt                       int64 // drop more than this and stop closes; 0: never
+	stop                         chan struct{}
 }
 
 func newCappedOutput(limit int) *cappedOutput { return &cappedOutput{left: limit} }
 
-type capWriter struct {
-	o   *cappedOutput
-	buf *bytes.Buffer
+// stopAfter returns a channel closed once more than n bytes (both streams)
+// have been dropped; for n <= 0, nil, which never closes. Call it before
+// the first write.
+func (o *cappedOutput) stopAfter(n int64) <-chan struct{} {
+	if n <= 0 {
+		return nil
+	}
+	o.stopAt, o.stop = n, make(chan struct{})
+	return o.stop
 }
 
-func (o *cappedOutput) writer(b *bytes.Buffer) capWriter { return capWriter{o, b} }
+// dropped returns the bytes dropped from stdout and stderr so far.
+func (o *cappedOutput) dropped() (stdout, stderr int64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.stdoutDropped, o.stderrDropped
+}
+
+type capWriter struct {
+	o       *cappedOutput
+	buf     *bytes.Buffer
+	dropped *int64
+}
+
+func (o *cappedOutput) stdoutWriter() capWriter { return capWriter{o, &o.stdout, &o.stdoutDropped} }
+func (o *cappedOutput) stderrWriter() capWriter { return capWriter{o, &o.stderr, &o.stderrDropped} }
 
 func (w capWriter) Write(p []byte) (int, error) {
-	w.o.mu.Lock()
-	defer w.o.mu.Unlock()
-	n := min(len(p), w.o.left)
+	o := w.o
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	n := min(len(p), o.left)
 	w.buf.Write(p[:n])
-	w.o.left -= n
+	o.left -= n
 	if n < len(p) {
-		w.o.truncated = true
+		o.truncated = true
+		before := o.stdoutDropped + o.stderrDropped
+		*w.dropped += int64(len(p) - n)
+		if o.stop != nil && before <= o.stopAt && before+int64(len(p)-n) > o.stopAt {
+			close(o.stop)
+		}
 	}
 	return len(p), nil
 }

@@ -415,7 +415,7 @@ func (s *Server) mcpRead(ctx context.Context, call *mcpCall, id, rel string, art
 // secret) are dropped, never flushed.
 func readScrubbed(f io.Reader, set *scrub.Set, limit int) (data []byte, truncated bool, err error) {
 	out := newCappedOutput(limit)
-	w := set.NewWriter(out.writer(&out.stdout))
+	w := set.NewWriter(out.stdoutWriter())
 	lr := &io.LimitedReader{R: f, N: int64(limit) + mcpScrubMargin}
 	if _, rerr, _ := workspace.CopyFile(w, lr); rerr != nil {
 		return nil, false, rerr
