@@ -119,6 +119,7 @@ func (s *Server) runCodeIn(ctx context.Context, ses *store.Session, lang string,
 		"code": clip(set.RedactString(req.Code), 256)})
 	out := newCappedOutput(s.cfg.Limits.ExecOutputBytes)
 	pair := set.NewPair(out.stdoutWriter(), out.stderrWriter())
+	stdout, stderr := out.front(pair.Stdout(), pair.Stderr())
 	// A run that goes on writing past the cap is interrupted as for a
 	// client that left (the context and its state stay).
 	runCtx, cancelRun := context.WithCancel(ctx)
@@ -136,7 +137,7 @@ func (s *Server) runCodeIn(ctx context.Context, ses *store.Session, lang string,
 		}()
 	}
 	start := time.Now()
-	res, timedOut, runErr := k.Run(runCtx, req.Code, s.cfg.Limits.ExecOutputBytes, timeout, pair.Stdout(), pair.Stderr())
+	res, timedOut, runErr := k.Run(runCtx, req.Code, s.cfg.Limits.ExecOutputBytes, timeout, stdout, stderr)
 	// Stopped if the limit was passed while it ran (not by the bytes the
 	// scrubber releases at Close), and not timed out first.
 	stopped := false

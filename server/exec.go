@@ -3,6 +3,7 @@ package server
 import (
 	"bytes"
 	"context"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -110,20 +111,21 @@ func (s *Server) execCommand(ctx context.Context, ses *store.Session, req *execR
 	defer cmd.End()
 	// Output passes the session's scrubber first, then the shared cap: what
 	// is cut is already redacted, so no secret is ever cut in half. Past
-	// the cap output is only counted, and a command that goes on writing
-	// is stopped: the server would scrub it for nothing until its timeout.
+	// the cap output is only counted (unscrubbed), and a command that goes
+	// on writing is stopped rather than drained until its timeout.
 	set := cmd.Scrubber
 	out := newCappedOutput(s.cfg.Limits.ExecOutputBytes)
 	stop := out.stopAfter(s.cfg.Limits.ExecMaxDroppedBytes)
 	// One Pair: a value split between stdout and stderr is caught too.
 	pair := set.NewPair(out.stdoutWriter(), out.stderrWriter())
+	stdout, stderr := out.front(pair.Stdout(), pair.Stderr())
 	xr := runsc.ExecRequest{
 		Args:    []string{"/bin/bash", "-lc", req.Command},
 		Env:     cmd.Env(req.Env),
 		BaseEnv: cmd.Env(nil),
 		Cwd:     req.Cwd,
-		Stdout:  pair.Stdout(),
-		Stderr:  pair.Stderr(),
+		Stdout:  stdout,
+		Stderr:  stderr,
 		Timeout: timeout,
 		Stop:    stop,
 	}
@@ -193,9 +195,12 @@ func clip(s string, n int) string {
 
 // cappedOutput collects stdout and stderr up to a shared byte cap and keeps
 // draining (so the command never blocks on a full pipe) past it, counting
-// per stream the bytes it drops. It sits after the scrubber: the counts are
-// of the scrubbed output the answer does not hold (a redaction never tells
-// a secret's length).
+// per stream the bytes it drops. Its writers sit after the scrubber, so
+// what the answer holds is redacted and never a secret cut in half; its
+// front writers sit before it: once the answer is full, output skips the
+// scrubber (nothing of it can be shown) and is only counted, so a flood
+// past the cap costs no scrubbing. Dropped bytes are thus counted after
+// scrubbing while the answer has room and as written once it is full.
 type cappedOutput struct {
 	mu                           sync.Mutex
 	left                         int
@@ -226,6 +231,19 @@ func (o *cappedOutput) dropped() (stdout, stderr int64) {
 	return o.stdoutDropped, o.stderrDropped
 }
 
+// drop counts n bytes dropped from the stream of counter; o.mu is held.
+func (o *cappedOutput) drop(counter *int64, n int) {
+	if n == 0 {
+		return
+	}
+	o.truncated = true
+	before := o.stdoutDropped + o.stderrDropped
+	*counter += int64(n)
+	if o.stop != nil && before <= o.stopAt && before+int64(n) > o.stopAt {
+		close(o.stop)
+	}
+}
+
 type capWriter struct {
 	o       *cappedOutput
 	buf     *bytes.Buffer
@@ -242,13 +260,30 @@ func (w capWriter) Write(p []byte) (int, error) {
 	n := min(len(p), o.left)
 	w.buf.Write(p[:n])
 	o.left -= n
-	if n < len(p) {
-		o.truncated = true
-		before := o.stdoutDropped + o.stderrDropped
-		*w.dropped += int64(len(p) - n)
-		if o.stop != nil && before <= o.stopAt && before+int64(len(p)-n) > o.stopAt {
-			close(o.stop)
-		}
+	o.drop(w.dropped, len(p)-n)
+	return len(p), nil
+}
+
+// front returns the writers to put before the scrubber's stdout and stderr
+// (see cappedOutput).
+func (o *cappedOutput) front(stdout, stderr io.Writer) (io.Writer, io.Writer) {
+	return frontWriter{o, stdout, &o.stdoutDropped}, frontWriter{o, stderr, &o.stderrDropped}
+}
+
+type frontWriter struct {
+	o       *cappedOutput
+	next    io.Writer
+	dropped *int64
+}
+
+func (w frontWriter) Write(p []byte) (int, error) {
+	o := w.o
+	o.mu.Lock()
+	if o.left > 0 {
+		o.mu.Unlock()
+		return w.next.Write(p)
 	}
+	o.drop(w.dropped, len(p))
+	o.mu.Unlock()
 	return len(p), nil
 }

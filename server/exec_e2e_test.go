@@ -69,6 +69,19 @@ func TestRealExecOutputLimit(t *testing.T) {
 		}
 	})
 
+	t.Run("a flood the scrubber is slow on is stopped as fast", func(t *testing.T) {
+		// "-----BEGIN -----BEGIN ..." costs the scrubber seconds of CPU a
+		// MiB (it looks for a key's end). Past the cap nothing is shown, so
+		// nothing is scrubbed: it is stopped soon, not at its timeout.
+		start := time.Now()
+		r := h.exec("cap", map[string]any{"command": "yes -- '-----BEGIN ' | tr -d '\\n'", "timeoutMs": 120000})
+		took := time.Since(start)
+		if !r.StoppedForOutput || r.ExitCode != 141 || r.TimedOut || int64(len(r.Stdout)) != capBytes || r.StdoutDropped <= maxDropped || took > 90*time.Second {
+			t.Fatalf("stopped %v exit %d timedOut %v kept %d dropped %d after %v", r.StoppedForOutput, r.ExitCode, r.TimedOut, len(r.Stdout), r.StdoutDropped, took)
+		}
+		t.Logf("stopped after %v, %d bytes dropped", took, r.StdoutDropped)
+	})
+
 	t.Run("a flooding code run is interrupted and keeps its context", func(t *testing.T) {
 		if code, r, raw := h.runCode("python", "cap", map[string]any{"code": "kept = 42"}); code != http.StatusOK || r.Error != nil {
 			t.Fatalf("%d %s", code, raw)

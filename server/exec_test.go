@@ -90,6 +90,52 @@ func TestCappedOutput(t *testing.T) {
 	}
 }
 
+// Front writers pass bytes to the scrubber (here a stand-in) while the
+// answer has room, then only count them.
+func TestCappedOutputFront(t *testing.T) {
+	o := newCappedOutput(8)
+	var seenOut, seenErr bytes.Buffer
+	// The stand-in "scrubber" upper-cases and forwards to the cap.
+	upper := func(seen *bytes.Buffer, w capWriter) io.Writer {
+		return writerFunc(func(p []byte) (int, error) {
+			seen.Write(p)
+			w.Write(bytes.ToUpper(p))
+			return len(p), nil
+		})
+	}
+	out, errw := o.front(upper(&seenOut, o.stdoutWriter()), upper(&seenErr, o.stderrWriter()))
+	out.Write([]byte("abcde"))  // 5 kept
+	errw.Write([]byte("fghij")) // 3 kept, 2 dropped after the scrubber
+	out.Write([]byte("klm"))    // full: skips the scrubber
+	errw.Write([]byte("nopq"))
+	errw.Write(nil)
+	if o.stdout.String() != "ABCDE" || o.stderr.String() != "FGH" || !o.truncated {
+		t.Fatalf("kept %q %q truncated %v", o.stdout.String(), o.stderr.String(), o.truncated)
+	}
+	if seenOut.String() != "abcde" || seenErr.String() != "fghij" {
+		t.Errorf("scrubbed %q %q after the answer was full", seenOut.String(), seenErr.String())
+	}
+	if a, b := o.dropped(); a != 3 || b != 6 {
+		t.Errorf("dropped %d, %d; want 3, 6", a, b)
+	}
+
+	// Exactly full: the next byte is dropped, and says so.
+	o = newCappedOutput(3)
+	out, _ = o.front(o.stdoutWriter(), o.stderrWriter())
+	out.Write([]byte("abc"))
+	if o.truncated {
+		t.Fatal("truncated at an exact fit")
+	}
+	out.Write([]byte("d"))
+	if a, _ := o.dropped(); !o.truncated || a != 1 {
+		t.Errorf("one past a full answer: truncated %v dropped %d", o.truncated, a)
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
 // The stop channel closes once the dropped bytes of both streams together
 // pass the limit, exactly once, and never without a limit.
 func TestCappedOutputStop(t *testing.T) {
@@ -205,16 +251,31 @@ func TestAPIExecOutputCapped(t *testing.T) {
 	if res.StdoutDropped != 0 || res.StderrDropped != 976 || res.StoppedForOutput {
 		t.Errorf("dropped %d, %d, stopped %v", res.StdoutDropped, res.StderrDropped, res.StoppedForOutput)
 	}
-	// Counted after the scrubber: a secret dropped counts as its
-	// redaction, never its own length.
+	// A secret cut by the cap: what is kept is redacted, and the count is
+	// of the redacted text.
+	secret := "token ghp_" + strings.Repeat("a", 36) + " end"
+	redacted := e.s.sessions.AllSessionsScrubber().RedactString(secret)
+	if redacted == secret {
+		t.Fatal("not a secret to the scrubber")
+	}
 	e.rt.ExecFn = func(req runsc.ExecRequest) (runsc.ExecResult, error) {
-		req.Stdout.Write(bytes.Repeat([]byte("#"), 1024))
-		io.WriteString(req.Stderr, "token ghp_"+strings.Repeat("a", 36)+" end")
+		req.Stdout.Write(bytes.Repeat([]byte("#"), 1010))
+		io.WriteString(req.Stderr, secret)
 		return runsc.ExecResult{}, nil
 	}
 	res = decodeBody[execResponse](t, e.exec(e.token, "cap", map[string]any{"action": "exec", "command": "x"}), http.StatusOK)
-	if !res.Truncated || res.StderrDropped == 0 || res.StderrDropped == int64(len("token ghp_"+strings.Repeat("a", 36)+" end")) {
-		t.Errorf("secret on stderr: dropped %d, truncated %v", res.StderrDropped, res.Truncated)
+	if !res.Truncated || res.Stderr != redacted[:14] || res.StderrDropped != int64(len(redacted)-14) {
+		t.Errorf("secret cut: stderr %q dropped %d, want %q and %d", res.Stderr, res.StderrDropped, redacted[:14], len(redacted)-14)
+	}
+	// Once the answer is full, output is counted as written.
+	e.rt.ExecFn = func(req runsc.ExecRequest) (runsc.ExecResult, error) {
+		req.Stdout.Write(bytes.Repeat([]byte("#"), 1024))
+		io.WriteString(req.Stderr, secret)
+		return runsc.ExecResult{}, nil
+	}
+	res = decodeBody[execResponse](t, e.exec(e.token, "cap", map[string]any{"action": "exec", "command": "x"}), http.StatusOK)
+	if !res.Truncated || res.Stderr != "" || res.StderrDropped != int64(len(secret)) {
+		t.Errorf("after a full answer: stderr %q dropped %d, want %d", res.Stderr, res.StderrDropped, len(secret))
 	}
 }
 
