@@ -36,12 +36,16 @@ type ExecRequest struct {
 	Stdout  io.Writer
 	Stderr  io.Writer
 	Timeout time.Duration // 0: none; on expiry the whole process group is killed
+	// Stop, when closed, kills the whole process group as Timeout does
+	// (the caller's output limit); nil: never.
+	Stop <-chan struct{}
 }
 
 // ExecResult is how a command ended.
 type ExecResult struct {
 	ExitCode int
 	TimedOut bool // killed by Timeout; ExitCode is 124
+	Stopped  bool // killed by Stop; ExitCode is 141 (128+SIGPIPE: its reader went away)
 	OOM      bool // the sandbox hit its memory limit meanwhile; ExitCode is 137
 	Died     bool // the sandbox itself is gone (OOM, killed)
 	Duration time.Duration
@@ -180,6 +184,10 @@ func (r *Runtime) Exec(ctx context.Context, id string, req ExecRequest) (ExecRes
 		res.TimedOut = true
 		p.Close() // the agent kills the whole process group
 		w = <-waitc
+	case <-req.Stop:
+		res.Stopped = true
+		p.Close()
+		w = <-waitc
 	case <-ctx.Done():
 		p.Close()
 		w = <-waitc
@@ -190,15 +198,18 @@ func (r *Runtime) Exec(ctx context.Context, id string, req ExecRequest) (ExecRes
 	if n := r.cg.oomKills(id); n > oomBefore {
 		res.OOM, res.ExitCode = true, 137
 	}
-	if w.err != nil && !res.TimedOut && ctx.Err() == nil {
+	if w.err != nil && !res.TimedOut && !res.Stopped && ctx.Err() == nil {
 		// The connection broke before an exit status: the sandbox died.
 		res.Died, res.ExitCode = !r.alive(id) || res.OOM, 137
 		if !res.Died {
 			return res, fmt.Errorf("agent: %v", w.err)
 		}
 	}
-	if res.TimedOut {
+	switch {
+	case res.TimedOut:
 		res.ExitCode = 124
+	case res.Stopped:
+		res.ExitCode = 141
 	}
 	return res, nil
 }

@@ -33,18 +33,21 @@ type codeRequest struct {
 	ContextID string `json:"contextId"`
 }
 
-// codeResponse is the contract's run result, plus timedOut and truncated as
-// in exec.
+// codeResponse is the contract's run result, plus timedOut, truncated,
+// the dropped counts and stoppedForOutput as in exec.
 type codeResponse struct {
-	Stdout     string           `json:"stdout"`
-	Stderr     string           `json:"stderr"`
-	Result     *string          `json:"result"`
-	Error      *interp.Error    `json:"error"`
-	Display    []interp.Display `json:"display"`
-	ContextID  string           `json:"contextId"`
-	DurationMs int64            `json:"durationMs"`
-	TimedOut   bool             `json:"timedOut"`
-	Truncated  bool             `json:"truncated"`
+	Stdout           string           `json:"stdout"`
+	Stderr           string           `json:"stderr"`
+	Result           *string          `json:"result"`
+	Error            *interp.Error    `json:"error"`
+	Display          []interp.Display `json:"display"`
+	ContextID        string           `json:"contextId"`
+	DurationMs       int64            `json:"durationMs"`
+	TimedOut         bool             `json:"timedOut"`
+	Truncated        bool             `json:"truncated"`
+	StdoutDropped    int64            `json:"stdoutDropped"`
+	StderrDropped    int64            `json:"stderrDropped"`
+	StoppedForOutput bool             `json:"stoppedForOutput"`
 }
 
 // runCode returns the handler of lang's route.
@@ -116,9 +119,34 @@ func (s *Server) runCodeIn(ctx context.Context, ses *store.Session, lang string,
 	s.logs.Event(ses.ID, "process_start", map[string]any{"runtime": lang, "contextId": req.ContextID,
 		"code": clip(set.RedactString(req.Code), 256)})
 	out := newCappedOutput(s.cfg.Limits.ExecOutputBytes)
-	pair := set.NewPair(out.writer(&out.stdout), out.writer(&out.stderr))
+	pair := set.NewPair(out.stdoutWriter(), out.stderrWriter())
+	stdout, stderr := out.front(pair.Stdout(), pair.Stderr())
+	// A run that goes on writing past the cap is interrupted as for a
+	// client that left (the context and its state stay).
+	runCtx, cancelRun := context.WithCancel(ctx)
+	defer cancelRun()
+	stop := out.stopAfter(s.cfg.Limits.ExecMaxDroppedBytes)
+	if stop != nil {
+		ended := make(chan struct{})
+		defer close(ended)
+		go func() {
+			select {
+			case <-stop:
+				cancelRun()
+			case <-ended:
+			}
+		}()
+	}
 	start := time.Now()
-	res, timedOut, runErr := k.Run(ctx, req.Code, s.cfg.Limits.ExecOutputBytes, timeout, pair.Stdout(), pair.Stderr())
+	res, timedOut, runErr := k.Run(runCtx, req.Code, s.cfg.Limits.ExecOutputBytes, timeout, stdout, stderr)
+	// Stopped if the limit was passed while it ran (not by the bytes the
+	// scrubber releases at Close), and not timed out first.
+	stopped := false
+	select {
+	case <-stop:
+		stopped = !timedOut
+	default:
+	}
 	pair.Close()
 	if errors.Is(runErr, procs.ErrRunPaused) {
 		// Interrupted for a pause: the context and its state stay.
@@ -143,6 +171,8 @@ func (s *Server) runCodeIn(ctx context.Context, ses *store.Session, lang string,
 		ContextID: req.ContextID, DurationMs: time.Since(start).Milliseconds(), TimedOut: timedOut,
 	}
 	resp.Truncated = out.truncated || res.Truncated
+	resp.StdoutDropped, resp.StderrDropped = out.dropped()
+	resp.StoppedForOutput = stopped
 	redact := set.RedactString
 	if res.Result != nil {
 		r := redact(*res.Result)
@@ -160,6 +190,12 @@ func (s *Server) runCodeIn(ctx context.Context, ses *store.Session, lang string,
 		resp.Display = append(resp.Display, interp.Display{Mime: clip(redact(d.Mime), 128), Data: redact(d.Data)})
 	}
 	exit := map[string]any{"runtime": lang, "contextId": req.ContextID, "durationMs": resp.DurationMs, "timedOut": timedOut}
+	if out.truncated {
+		exit["stdoutDropped"], exit["stderrDropped"], exit["stoppedForOutput"] = resp.StdoutDropped, resp.StderrDropped, stopped
+	}
+	if stopped {
+		note("stoppedForOutput", true)
+	}
 	if resp.Error != nil {
 		exit["error"] = resp.Error.Name
 	}

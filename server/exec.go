@@ -3,6 +3,7 @@ package server
 import (
 	"bytes"
 	"context"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -32,6 +33,11 @@ type execResponse struct {
 	TimedOut   bool   `json:"timedOut"`
 	Truncated  bool   `json:"truncated"`
 	OOM        bool   `json:"oom"`
+	// Beyond the contract: what the cap dropped, and whether the command
+	// was stopped for writing more than limits.execMaxDroppedBytes past it.
+	StdoutDropped    int64 `json:"stdoutDropped"`
+	StderrDropped    int64 `json:"stderrDropped"`
+	StoppedForOutput bool  `json:"stoppedForOutput"`
 }
 
 const maxCommandBytes = 256 * 1024
@@ -105,19 +111,24 @@ func (s *Server) execCommand(ctx context.Context, ses *store.Session, req *execR
 	*ses = cmd.Session // resumed if it was paused for memory pressure
 	defer cmd.End()
 	// Output passes the session's scrubber first, then the shared cap: what
-	// is cut is already redacted, so no secret is ever cut in half.
+	// is cut is already redacted, so no secret is ever cut in half. Past
+	// the cap output is only counted (unscrubbed), and a command that goes
+	// on writing is stopped rather than drained until its timeout.
 	set := cmd.Scrubber
 	out := newCappedOutput(s.cfg.Limits.ExecOutputBytes)
+	stop := out.stopAfter(s.cfg.Limits.ExecMaxDroppedBytes)
 	// One Pair: a value split between stdout and stderr is caught too.
-	pair := set.NewPair(out.writer(&out.stdout), out.writer(&out.stderr))
+	pair := set.NewPair(out.stdoutWriter(), out.stderrWriter())
+	stdout, stderr := out.front(pair.Stdout(), pair.Stderr())
 	xr := runsc.ExecRequest{
 		Args:    []string{"/bin/bash", "-lc", req.Command},
 		Env:     cmd.Env(req.Env),
 		BaseEnv: cmd.Env(nil),
 		Cwd:     req.Cwd,
-		Stdout:  pair.Stdout(),
-		Stderr:  pair.Stderr(),
+		Stdout:  stdout,
+		Stderr:  stderr,
 		Timeout: timeout,
+		Stop:    stop,
 	}
 	if req.Stdin != nil {
 		xr.Stdin = strings.NewReader(*req.Stdin)
@@ -136,18 +147,29 @@ func (s *Server) execCommand(ctx context.Context, ses *store.Session, req *execR
 			redactions[k] += n
 		}
 	}
-	s.logs.Event(ses.ID, "process_exit", map[string]any{"exitCode": res.ExitCode, "durationMs": res.Duration.Milliseconds(),
-		"timedOut": res.TimedOut, "oom": res.OOM, "redactions": redactions})
+	outDropped, errDropped := out.dropped()
+	exit := map[string]any{"exitCode": res.ExitCode, "durationMs": res.Duration.Milliseconds(),
+		"timedOut": res.TimedOut, "oom": res.OOM, "redactions": redactions}
+	if out.truncated {
+		exit["stdoutDropped"], exit["stderrDropped"], exit["stoppedForOutput"] = outDropped, errDropped, res.Stopped
+	}
+	s.logs.Event(ses.ID, "process_exit", exit)
 	note("exitCode", res.ExitCode)
 	note("durationMs", res.Duration.Milliseconds())
+	if res.Stopped {
+		note("stoppedForOutput", true)
+	}
 	return execResponse{
-		ExitCode:   res.ExitCode,
-		Stdout:     out.stdout.String(),
-		Stderr:     out.stderr.String(),
-		DurationMs: res.Duration.Milliseconds(),
-		TimedOut:   res.TimedOut,
-		Truncated:  out.truncated,
-		OOM:        res.OOM,
+		ExitCode:         res.ExitCode,
+		Stdout:           out.stdout.String(),
+		Stderr:           out.stderr.String(),
+		DurationMs:       res.Duration.Milliseconds(),
+		TimedOut:         res.TimedOut,
+		Truncated:        out.truncated,
+		OOM:              res.OOM,
+		StdoutDropped:    outDropped,
+		StderrDropped:    errDropped,
+		StoppedForOutput: res.Stopped,
 	}, nil
 }
 
@@ -181,31 +203,96 @@ func clip(s string, n int) string {
 }
 
 // cappedOutput collects stdout and stderr up to a shared byte cap and keeps
-// draining (so the command never blocks on a full pipe) past it.
+// draining (so the command never blocks on a full pipe) past it, counting
+// per stream the bytes it drops. Its writers sit after the scrubber, so
+// what the answer holds is redacted and never a secret cut in half; its
+// front writers sit before it: once the answer is full, output skips the
+// scrubber (nothing of it can be shown) and is only counted, so a flood
+// past the cap costs no scrubbing. Dropped bytes are thus counted after
+// scrubbing while the answer has room and as written once it is full.
 type cappedOutput struct {
-	mu             sync.Mutex
-	left           int
-	stdout, stderr bytes.Buffer
-	truncated      bool
+	mu                           sync.Mutex
+	left                         int
+	stdout, stderr               bytes.Buffer
+	truncated                    bool
+	stdoutDropped, stderrDropped int64
+	stopAt                       int64 // drop more than this and stop closes; 0: never
+	stop                         chan struct{}
 }
 
 func newCappedOutput(limit int) *cappedOutput { return &cappedOutput{left: limit} }
 
-type capWriter struct {
-	o   *cappedOutput
-	buf *bytes.Buffer
+// stopAfter returns a channel closed once more than n bytes (both streams)
+// have been dropped; for n <= 0, nil, which never closes. Call it before
+// the first write.
+func (o *cappedOutput) stopAfter(n int64) <-chan struct{} {
+	if n <= 0 {
+		return nil
+	}
+	o.stopAt, o.stop = n, make(chan struct{})
+	return o.stop
 }
 
-func (o *cappedOutput) writer(b *bytes.Buffer) capWriter { return capWriter{o, b} }
+// dropped returns the bytes dropped from stdout and stderr so far.
+func (o *cappedOutput) dropped() (stdout, stderr int64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.stdoutDropped, o.stderrDropped
+}
+
+// drop counts n bytes dropped from the stream of counter; o.mu is held.
+func (o *cappedOutput) drop(counter *int64, n int) {
+	if n == 0 {
+		return
+	}
+	o.truncated = true
+	before := o.stdoutDropped + o.stderrDropped
+	*counter += int64(n)
+	if o.stop != nil && before <= o.stopAt && before+int64(n) > o.stopAt {
+		close(o.stop)
+	}
+}
+
+type capWriter struct {
+	o       *cappedOutput
+	buf     *bytes.Buffer
+	dropped *int64
+}
+
+func (o *cappedOutput) stdoutWriter() capWriter { return capWriter{o, &o.stdout, &o.stdoutDropped} }
+func (o *cappedOutput) stderrWriter() capWriter { return capWriter{o, &o.stderr, &o.stderrDropped} }
 
 func (w capWriter) Write(p []byte) (int, error) {
-	w.o.mu.Lock()
-	defer w.o.mu.Unlock()
-	n := min(len(p), w.o.left)
+	o := w.o
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	n := min(len(p), o.left)
 	w.buf.Write(p[:n])
-	w.o.left -= n
-	if n < len(p) {
-		w.o.truncated = true
+	o.left -= n
+	o.drop(w.dropped, len(p)-n)
+	return len(p), nil
+}
+
+// front returns the writers to put before the scrubber's stdout and stderr
+// (see cappedOutput).
+func (o *cappedOutput) front(stdout, stderr io.Writer) (io.Writer, io.Writer) {
+	return frontWriter{o, stdout, &o.stdoutDropped}, frontWriter{o, stderr, &o.stderrDropped}
+}
+
+type frontWriter struct {
+	o       *cappedOutput
+	next    io.Writer
+	dropped *int64
+}
+
+func (w frontWriter) Write(p []byte) (int, error) {
+	o := w.o
+	o.mu.Lock()
+	if o.left > 0 {
+		o.mu.Unlock()
+		return w.next.Write(p)
 	}
+	o.drop(w.dropped, len(p))
+	o.mu.Unlock()
 	return len(p), nil
 }

@@ -160,6 +160,10 @@ type mcpCodeOut struct {
 	DurationMs int64         `json:"durationMs"`
 	TimedOut   bool          `json:"timedOut"`
 	Truncated  bool          `json:"truncated"`
+	// As in run_command.
+	StdoutDropped    int64 `json:"stdoutDropped"`
+	StderrDropped    int64 `json:"stderrDropped"`
+	StoppedForOutput bool  `json:"stoppedForOutput"`
 }
 
 type mcpDisplay struct {
@@ -228,7 +232,9 @@ func (s *Server) addMCPTools() {
 	}, PermProjectUpdate, s.mcpCreate)
 	addTool(s, &mcp.Tool{Name: "run_command", Title: "Run a shell command",
 		Description: "Run a shell command in a running sandbox to completion and return its exit code, stdout and stderr " +
-			"(output is capped: truncated says so; secrets are redacted). A non-zero exit code is a normal result, not an error. " +
+			"(output is capped: truncated says so, stdoutDropped and stderrDropped count the bytes left out, and a command that keeps writing " +
+			"far past the cap is stopped: stoppedForOutput, exit code 141; secrets are redacted; redirect big output to a file). " +
+			"A non-zero exit code is a normal result, not an error. " +
 			"State on disk persists; each command starts a new shell. Needs project.update.",
 	}, PermProjectUpdate, s.mcpRunCommand)
 	addTool(s, &mcp.Tool{Name: "run_code", Title: "Run Python or Node.js code",
@@ -328,7 +334,8 @@ func (s *Server) mcpRunCode(ctx context.Context, call *mcpCall, in mcpCodeIn) (*
 		return nil, mcpCodeOut{}, err
 	}
 	out := mcpCodeOut{Stdout: r.Stdout, Stderr: r.Stderr, Result: r.Result, Error: r.Error, Display: []mcpDisplay{},
-		ContextID: r.ContextID, DurationMs: r.DurationMs, TimedOut: r.TimedOut, Truncated: r.Truncated}
+		ContextID: r.ContextID, DurationMs: r.DurationMs, TimedOut: r.TimedOut, Truncated: r.Truncated,
+		StdoutDropped: r.StdoutDropped, StderrDropped: r.StderrDropped, StoppedForOutput: r.StoppedForOutput}
 	var images []mcp.Content
 	for _, d := range r.Display {
 		if slices.Contains(mcpImageTypes, d.Mime) {
@@ -415,7 +422,7 @@ func (s *Server) mcpRead(ctx context.Context, call *mcpCall, id, rel string, art
 // secret) are dropped, never flushed.
 func readScrubbed(f io.Reader, set *scrub.Set, limit int) (data []byte, truncated bool, err error) {
 	out := newCappedOutput(limit)
-	w := set.NewWriter(out.writer(&out.stdout))
+	w := set.NewWriter(out.stdoutWriter())
 	lr := &io.LimitedReader{R: f, N: int64(limit) + mcpScrubMargin}
 	if _, rerr, _ := workspace.CopyFile(w, lr); rerr != nil {
 		return nil, false, rerr

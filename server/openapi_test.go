@@ -185,6 +185,7 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 		"ProvisionRequest": provisionRequest{},
 		"ExecRequest":      execRequest{},
 		"ExecResponse":     execResponse{},
+		"CodeResponse":     codeResponse{},
 		"Token":            tokenJSON{},
 		"FileEntry":        workspace.Entry{},
 		"Artifact":         workspace.Artifact{},

@@ -279,6 +279,10 @@ func TestRealSandboxLifecycle(t *testing.T) {
 		if !r.Truncated || len(r.Stdout) != h.cfg.Limits.ExecOutputBytes || r.ExitCode != 0 {
 			t.Fatalf("truncated=%v len=%d exit=%d", r.Truncated, len(r.Stdout), r.ExitCode)
 		}
+		// The answer says what it left out (TestRealExecOutputLimit has more).
+		if r.StdoutDropped != int64(3000000-h.cfg.Limits.ExecOutputBytes) || r.StderrDropped != 0 || r.StoppedForOutput {
+			t.Fatalf("dropped %d, %d, stopped %v", r.StdoutDropped, r.StderrDropped, r.StoppedForOutput)
+		}
 	})
 	t.Run("no host data, no network", func(t *testing.T) {
 		r := h.sh("s1", "cat /proc/1/cmdline | tr '\\0' ' '; echo; ls /var/lib/sandboxd 2>&1; (exec 3<>/dev/tcp/127.0.0.1/22) 2>&1 | head -1; ip -o link 2>/dev/null | wc -l")

@@ -98,8 +98,11 @@ copy larger input in with 'sbx cp'); -n sends none.`,
 				case res.TimedOut:
 					fmt.Fprintf(a.stderr, "sbx: the command timed out after %s and was killed\n", time.Duration(res.DurationMs)*time.Millisecond)
 				}
+				if res.StoppedForOutput {
+					fmt.Fprintln(a.stderr, "sbx: the command was stopped: it went on writing far past the server's output limit")
+				}
 				if res.Truncated {
-					fmt.Fprintln(a.stderr, "sbx: the output was cut at the server's limit")
+					fmt.Fprintln(a.stderr, "sbx: the output was cut at the server's limit"+dropped(res.StdoutDropped, res.StderrDropped))
 				}
 			}
 			if res.ExitCode != 0 {
@@ -262,10 +265,21 @@ func (a *app) printCodeResult(res *client.CodeResult, outDir string) error {
 			fmt.Fprintf(a.stderr, "%s: %s\n", e.Name, e.Value)
 		}
 	}
+	if res.StoppedForOutput {
+		fmt.Fprintln(a.stderr, "sbx: the run was interrupted: it went on writing far past the server's output limit")
+	}
 	if res.Truncated {
-		fmt.Fprintln(a.stderr, "sbx: the output was cut at the server's limit")
+		fmt.Fprintln(a.stderr, "sbx: the output was cut at the server's limit"+dropped(res.StdoutDropped, res.StderrDropped))
 	}
 	return nil
+}
+
+// dropped says what the cut left out, or "".
+func dropped(stdout, stderr int64) string {
+	if stdout == 0 && stderr == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (%d bytes of stdout and %d of stderr left out)", stdout, stderr)
 }
 
 // extension is a file name extension for a MIME type.

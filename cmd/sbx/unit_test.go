@@ -271,3 +271,32 @@ func TestOnlyClientDependency(t *testing.T) {
 		}
 	}
 }
+
+// exec and code runs say what the output cap dropped and that a command
+// was stopped for its output (exit 141 passes through).
+func TestExecSaysWhatWasDropped(t *testing.T) {
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if strings.Contains(r.URL.Path, "/python/") {
+			io.WriteString(w, `{"stdout":"x","stderr":"","result":null,"error":{"name":"KeyboardInterrupt","value":"","traceback":""},"display":[],"contextId":"default","durationMs":5,"timedOut":false,"truncated":true,"stdoutDropped":70000000,"stderrDropped":0,"stoppedForOutput":true}`)
+			return
+		}
+		io.WriteString(w, `{"exitCode":141,"stdout":"y\n","stderr":"","durationMs":900,"timedOut":false,"truncated":true,"oom":false,"stdoutDropped":67108870,"stderrDropped":12,"stoppedForOutput":true}`)
+	}))
+	defer ts.Close()
+	run := func(stdin string, args ...string) (int, string) {
+		var out, errb bytes.Buffer
+		a := newApp(strings.NewReader(stdin), &out, &errb, envOf(map[string]string{"XDG_CONFIG_HOME": t.TempDir()}))
+		cmd := a.root()
+		cmd.SetArgs(args)
+		return report(&errb, cmd.Execute()), errb.String()
+	}
+	code, stderr := run("", "exec", "demo", "-n", "--server", ts.URL, "--token", "sbx_t", "--", "yes")
+	if code != 141 || !strings.Contains(stderr, "stopped") || !strings.Contains(stderr, "67108870 bytes of stdout and 12 of stderr") {
+		t.Errorf("exec: %d %q", code, stderr)
+	}
+	_, stderr = run("while True: print(1)", "run", "python", "demo", "--server", ts.URL, "--token", "sbx_t")
+	if !strings.Contains(stderr, "interrupted") || !strings.Contains(stderr, "70000000 bytes of stdout") {
+		t.Errorf("run: %q", stderr)
+	}
+}

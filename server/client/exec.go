@@ -30,9 +30,17 @@ type ExecResult struct {
 	DurationMs int64  `json:"durationMs"`
 	TimedOut   bool   `json:"timedOut"`
 	// Truncated: the output passed the server's cap and was cut.
-	Truncated bool            `json:"truncated"`
-	OOM       bool            `json:"oom"`
-	Raw       json.RawMessage `json:"-"`
+	Truncated bool `json:"truncated"`
+	OOM       bool `json:"oom"`
+	// StdoutDropped and StderrDropped count the bytes of each stream the
+	// answer does not hold.
+	StdoutDropped int64 `json:"stdoutDropped"`
+	StderrDropped int64 `json:"stderrDropped"`
+	// StoppedForOutput: the command went on writing far past the cap
+	// (the server's limits.execMaxDroppedBytes) and its process group was
+	// killed; ExitCode is 141.
+	StoppedForOutput bool            `json:"stoppedForOutput"`
+	Raw              json.RawMessage `json:"-"`
 }
 
 // Exec runs one command and returns its output and exit code. A command
@@ -95,13 +103,17 @@ type CodeResult struct {
 	// Result is the last expression's value as text, nil when there is none.
 	Result *string `json:"result"`
 	// Error is the exception that ended the run, nil when it succeeded.
-	Error      *CodeError      `json:"error"`
-	Display    []Display       `json:"display"`
-	ContextID  string          `json:"contextId"`
-	DurationMs int64           `json:"durationMs"`
-	TimedOut   bool            `json:"timedOut"`
-	Truncated  bool            `json:"truncated"`
-	Raw        json.RawMessage `json:"-"`
+	Error      *CodeError `json:"error"`
+	Display    []Display  `json:"display"`
+	ContextID  string     `json:"contextId"`
+	DurationMs int64      `json:"durationMs"`
+	TimedOut   bool       `json:"timedOut"`
+	Truncated  bool       `json:"truncated"`
+	// As in ExecResult; a run stopped for its output was interrupted.
+	StdoutDropped    int64           `json:"stdoutDropped"`
+	StderrDropped    int64           `json:"stderrDropped"`
+	StoppedForOutput bool            `json:"stoppedForOutput"`
+	Raw              json.RawMessage `json:"-"`
 }
 
 // CodeError is an exception of a code run.

@@ -102,6 +102,7 @@ var EnvVars = []string{"SANDBOXD_CONFIG", "SANDBOXD_LISTEN", "SANDBOXD_DATA_DIR"
 type Limits struct {
 	MaxBodyBytes         int64 `yaml:"maxBodyBytes"`
 	ExecOutputBytes      int   `yaml:"execOutputBytes"`
+	ExecMaxDroppedBytes  int64 `yaml:"execMaxDroppedBytes"`
 	ExecDefaultTimeoutMs int64 `yaml:"execDefaultTimeoutMs"`
 	ExecMaxTimeoutMs     int64 `yaml:"execMaxTimeoutMs"`
 	MaxSandboxes         int   `yaml:"maxSandboxes"`
@@ -370,7 +371,7 @@ func (c *Config) validate() error {
 	errs = append(errs, c.Portal.validate()...)
 	errs = append(errs, c.Git.validate()...)
 	l := c.Limits
-	if l.MaxBodyBytes < 1024 || l.ExecOutputBytes < 1024 || l.ExecDefaultTimeoutMs < 1 ||
+	if l.MaxBodyBytes < 1024 || l.ExecOutputBytes < 1024 || l.ExecMaxDroppedBytes < 0 || l.ExecDefaultTimeoutMs < 1 ||
 		l.ExecMaxTimeoutMs < l.ExecDefaultTimeoutMs || l.MaxSandboxes < 1 || l.MaxSandboxesPerOrg < 1 ||
 		l.MaxExecsPerSession < 1 || l.MaxMemoryMiB < 0 || l.MinFreeDiskMiB < 0 || l.TerminalIdleSeconds < 1 ||
 		l.MaxAPIConns < 0 || l.APIIdleSeconds < 1 {

@@ -1,0 +1,101 @@
+package server
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestRealExecOutputLimit: past limits.execOutputBytes the answer says what
+// it dropped, per stream, and a command (or code run) that goes on writing
+// past limits.execMaxDroppedBytes is stopped, in a real sandbox with the
+// shipped limits (1 MiB kept, 64 MiB dropped at most).
+func TestRealExecOutputLimit(t *testing.T) {
+	cfg := realConfig(t)
+	h := startServer(t, cfg)
+	h.provision("cap", "test-tiny")
+	capBytes, maxDropped := int64(cfg.Limits.ExecOutputBytes), cfg.Limits.ExecMaxDroppedBytes
+	if maxDropped <= 0 {
+		t.Fatalf("the shipped config stops nothing: execMaxDroppedBytes %d", maxDropped)
+	}
+
+	t.Run("stderr after the cap is counted", func(t *testing.T) {
+		r := h.exec("cap", map[string]any{"command": "head -c 2000000 /dev/zero | tr '\\0' a; echo late error >&2; exit 3"})
+		if !r.Truncated || int64(len(r.Stdout)) != capBytes || r.Stderr != "" || r.ExitCode != 3 || r.StoppedForOutput {
+			t.Fatalf("truncated %v stdout %d stderr %q exit %d stopped %v", r.Truncated, len(r.Stdout), r.Stderr, r.ExitCode, r.StoppedForOutput)
+		}
+		if r.StdoutDropped != 2000000-capBytes || r.StderrDropped != int64(len("late error\n")) {
+			t.Fatalf("dropped stdout %d stderr %d", r.StdoutDropped, r.StderrDropped)
+		}
+		// Under the cap nothing is dropped.
+		if r := h.sh("cap", "echo out; echo err >&2"); r.Truncated || r.StdoutDropped != 0 || r.StderrDropped != 0 || r.Stdout != "out\n" {
+			t.Fatalf("%+v", r)
+		}
+	})
+
+	t.Run("a flood is stopped", func(t *testing.T) {
+		start := time.Now()
+		// Two writers in the command's process group, on both streams; a
+		// timeout far off.
+		r := h.exec("cap", map[string]any{"command": "yes out & yes err >&2; wait", "timeoutMs": 120000})
+		took := time.Since(start)
+		if !r.StoppedForOutput || r.ExitCode != 141 || r.TimedOut || !r.Truncated || int64(len(r.Stdout)+len(r.Stderr)) != capBytes {
+			t.Fatalf("stopped %v exit %d timedOut %v truncated %v kept %d after %v",
+				r.StoppedForOutput, r.ExitCode, r.TimedOut, r.Truncated, len(r.Stdout)+len(r.Stderr), took)
+		}
+		if d := r.StdoutDropped + r.StderrDropped; d <= maxDropped || d > 4*maxDropped || r.StdoutDropped == 0 || r.StderrDropped == 0 {
+			t.Fatalf("dropped stdout %d stderr %d (limit %d)", r.StdoutDropped, r.StderrDropped, maxDropped)
+		}
+		t.Logf("stopped after %v, %d+%d bytes dropped", took, r.StdoutDropped, r.StderrDropped)
+		if took > 90*time.Second {
+			t.Fatalf("stopping took %v", took)
+		}
+		// Its whole process group is gone (the agent's kill is not waited
+		// for: give it a moment).
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			r := h.sh("cap", "ps -eo comm= | grep -c '^yes$' || true")
+			if strings.TrimSpace(r.Stdout) == "0" {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("yes processes survived: %q", r.Stdout)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		if logs := h.logsText("cap"); !strings.Contains(logs, `"stoppedForOutput":true`) {
+			t.Errorf("process_exit does not say it was stopped: %s", logs[max(0, len(logs)-2000):])
+		}
+	})
+
+	t.Run("a flood the scrubber is slow on is stopped as fast", func(t *testing.T) {
+		// "-----BEGIN -----BEGIN ..." costs the scrubber seconds of CPU a
+		// MiB (it looks for a key's end). Past the cap nothing is shown, so
+		// nothing is scrubbed: it is stopped soon, not at its timeout.
+		start := time.Now()
+		r := h.exec("cap", map[string]any{"command": "yes -- '-----BEGIN ' | tr -d '\\n'", "timeoutMs": 120000})
+		took := time.Since(start)
+		if !r.StoppedForOutput || r.ExitCode != 141 || r.TimedOut || int64(len(r.Stdout)) != capBytes || r.StdoutDropped <= maxDropped || took > 90*time.Second {
+			t.Fatalf("stopped %v exit %d timedOut %v kept %d dropped %d after %v", r.StoppedForOutput, r.ExitCode, r.TimedOut, len(r.Stdout), r.StdoutDropped, took)
+		}
+		t.Logf("stopped after %v, %d bytes dropped", took, r.StdoutDropped)
+	})
+
+	t.Run("a flooding code run is interrupted and keeps its context", func(t *testing.T) {
+		if code, r, raw := h.runCode("python", "cap", map[string]any{"code": "kept = 42"}); code != http.StatusOK || r.Error != nil {
+			t.Fatalf("%d %s", code, raw)
+		}
+		start := time.Now()
+		code, r, raw := h.runCode("python", "cap", map[string]any{"code": "while True:\n    print('x' * 65536)", "timeoutMs": 120000})
+		took := time.Since(start)
+		if code != http.StatusOK || !r.StoppedForOutput || r.TimedOut || !r.Truncated || r.Error == nil || r.Error.Name != "KeyboardInterrupt" ||
+			r.StdoutDropped <= maxDropped || took > 90*time.Second {
+			t.Fatalf("after %v: %d %.2000s", took, code, raw)
+		}
+		t.Logf("interrupted after %v, %d bytes dropped", took, r.StdoutDropped)
+		if code, r, raw := h.runCode("python", "cap", map[string]any{"code": "kept"}); code != http.StatusOK || r.Result == nil || *r.Result != "42" {
+			t.Fatalf("the context lost its state: %d %s", code, raw)
+		}
+	})
+}
