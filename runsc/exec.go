@@ -62,6 +62,10 @@ var ErrNotRunning = errors.New("sandbox is not running")
 // sandbox's user is at its process limit.
 var ErrTooManyProcesses = errors.New("sandbox is at its process limit")
 
+// ErrAgentSlow is returned when the sandbox's agent, alive, did not answer
+// in time: the sandbox (or the node) is too busy.
+var ErrAgentSlow = errors.New("the sandbox's agent did not answer in time")
+
 // KernelLog is the path of the sandbox's gVisor kernel log (runsc's boot log).
 func (r *Runtime) KernelLog(id string) string {
 	return filepath.Join(r.dir(id), "logs", "runsc.boot.log")
@@ -134,7 +138,7 @@ func (r *Runtime) Exec(ctx context.Context, id string, req ExecRequest) (ExecRes
 			if !r.alive(id) {
 				return res, ErrNotRunning
 			}
-			return res, fmt.Errorf("the sandbox's agent did not answer within %v: %w", agentWait, err)
+			return res, fmt.Errorf("%w (%v): %w", ErrAgentSlow, agentWait, err)
 		}
 		switch ae.Message {
 		case "working directory does not exist", "working directory is not absolute", "permission denied":

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -164,6 +165,7 @@ func TestRealDensity(t *testing.T) {
 	// command and a terminal open, while others are probed.
 	busy := ids[:min(50, len(ids)/2+1)]
 	var wg sync.WaitGroup
+	var busyFailed atomic.Int64
 	for _, id := range busy {
 		h.terminalWS(t, id, "tty=true")
 		for _, c := range []string{
@@ -173,23 +175,37 @@ func TestRealDensity(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				h.exec(id, map[string]any{"command": c + "; true", "timeoutMs": 60000})
+				// Not h.exec: it may not fail the test from this goroutine.
+				if code, _ := h.call(h.token, "POST", "/v1/sandbox/terminal/"+id, map[string]any{"action": "exec", "command": c + "; true", "timeoutMs": 60000}); code != 200 {
+					busyFailed.Add(1)
+				}
 			}()
 		}
 	}
 	time.Sleep(3 * time.Second)
+	// Probes in idle sandboxes: a bounded slowdown, measured; an answer
+	// that is not the command's output counts as a failure.
 	var busyExecs []time.Duration
+	probeFailed := 0
 	for range 40 {
 		id := ids[len(ids)-1-rand.IntN(max(1, len(ids)-len(busy)))]
 		ts := time.Now()
-		if r := h.sh(id, "echo ok"); r.Stdout != "ok\n" {
-			t.Fatalf("exec in %s under load: %+v", id, r)
+		code, b := h.call(h.token, "POST", "/v1/sandbox/terminal/"+id, map[string]any{"action": "exec", "command": "echo ok"})
+		var r execResponse
+		if json.Unmarshal(b, &r); code != 200 || r.Stdout != "ok\n" {
+			probeFailed++
+			t.Logf("probe in %s under load: %d %s", id, code, b)
+			continue
 		}
 		busyExecs = append(busyExecs, time.Since(ts))
 	}
+	wg.Wait()
 	res["busySandboxes"] = len(busy)
 	res["busyExecP50Ms"], res["busyExecP99Ms"] = pctl(busyExecs, 50).Milliseconds(), pctl(busyExecs, 99).Milliseconds()
-	wg.Wait()
+	res["busyProbeFailures"], res["busyCommandFailures"] = probeFailed, busyFailed.Load()
+	if probeFailed > 4 {
+		t.Errorf("%d of 40 probes failed under load", probeFailed)
+	}
 
 	// Delete them all (cleanup also checks nothing is left).
 	t1 := time.Now()

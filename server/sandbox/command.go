@@ -100,6 +100,8 @@ func (m *Manager) Exec(ctx context.Context, c *Command, req runsc.ExecRequest) (
 	case err == nil:
 	case errors.Is(err, runsc.ErrBadCwd):
 		return res, errdefs.Invalid("cwd: does not exist or is not accessible to the sandbox user")
+	case errors.Is(err, runsc.ErrAgentSlow):
+		return res, errdefs.Unavailable("the sandbox did not answer within 10 s: it (or this server) is busy; retry")
 	case errors.Is(err, runsc.ErrTooManyProcesses):
 		return res, errdefs.Conflict("the command could not start: the sandbox is at its process limit (send {\"action\": \"kill\"} to stop its processes) or cwd is not accessible")
 	case errors.Is(err, runsc.ErrNotRunning):
