@@ -238,6 +238,20 @@ func TestDefaultMaxAPIConns(t *testing.T) {
 	if rl.Cur >= 192 && l.max != int64(rl.Cur/4) {
 		t.Errorf("default cap = %d, want a quarter of RLIMIT_NOFILE %d", l.max, rl.Cur)
 	}
+	// Per client: an eighth of the cap, at least 32 (none when that is
+	// the cap itself).
+	if want := int(max(l.max/8, 32)); want < int(l.max) && l.conns.PerClient() != want || want >= int(l.max) && l.conns.PerClient() != 0 {
+		t.Errorf("default per-client cap = %d with a cap of %d", l.conns.PerClient(), l.max)
+	}
+	for _, c := range []struct {
+		configured int
+		total      int64
+		want       int
+	}{{0, 5000, 625}, {0, 256, 32}, {0, 100, 32}, {0, 20, 20}, {7, 5000, 7}} {
+		if got := connsPerClient(c.configured, c.total); got != c.want {
+			t.Errorf("connsPerClient(%d, %d) = %d, want %d", c.configured, c.total, got, c.want)
+		}
+	}
 }
 
 // The review's reproduction against the real binary: under `ulimit -n 1200`

@@ -116,6 +116,16 @@ func (r *Requests) sweep(now time.Time) {
 	r.sweepAt = max(2*len(r.m), minSweep)
 }
 
+// InFlight is the number of key's requests in flight.
+func (r *Requests) InFlight(key string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if c := r.m[key]; c != nil {
+		return c.inFlight
+	}
+	return 0
+}
+
 // Keys is the number of keys remembered (tests).
 func (r *Requests) Keys() int {
 	r.mu.Lock()
