@@ -51,7 +51,7 @@ func TestLoadConfigDefaults(t *testing.T) {
 		l.ExecMaxTimeoutMs != 3600000 || l.MaxSandboxes != 1000 || l.MemoryOvercommit != 50 || l.PressureFreeMemoryMiB != 2048 {
 		t.Errorf("limits = %+v", l)
 	}
-	if l.MaxConnsPerClient != 0 || l.RequestsPerSecond != 100 || l.RequestBurst != 500 || l.MaxRequestsInFlight != 128 {
+	if l.MaxConnsPerClient != 0 || l.RequestsPerSecond != 200 || l.RequestBurst != 1000 || l.MaxRequestsInFlight != 128 {
 		t.Errorf("per-client limits = %+v", l)
 	}
 	if c.Sizes.Default != "standard-1" || len(c.Sizes.List) != 5 {
