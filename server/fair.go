@@ -155,11 +155,14 @@ func (s *Server) limitGin(c *gin.Context, scope, key string) {
 }
 
 // ginReleaser gives the request's in-flight slot back when it becomes a
-// WebSocket or starts streaming.
+// WebSocket or starts streaming. Unwrap keeps what http.ResponseController
+// reaches through gin's writer (the file transfers' deadlines).
 type ginReleaser struct {
 	gin.ResponseWriter
 	release func()
 }
+
+func (w *ginReleaser) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 func (w *ginReleaser) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	w.release()

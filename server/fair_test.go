@@ -438,9 +438,18 @@ func TestFairRequestRate(t *testing.T) {
 // token; a WebSocket or a streaming answer stops counting once open.
 func TestFairRequestsInFlight(t *testing.T) {
 	e := newAPIEnv(t, func(c *config.Config) { c.Limits.MaxRequestsInFlight = 2 })
-	// A route that streams: flushes its headers, then waits.
+	// A route that streams: flushes its headers, then waits; and one that
+	// sets a write deadline as file transfers do.
 	release := make(chan struct{})
-	e.s.engine.Group("/v1", e.s.bodyLimit, e.s.authenticate, e.s.limitToken).GET("/test-stream", func(c *gin.Context) {
+	g := e.s.engine.Group("/v1", e.s.bodyLimit, e.s.authenticate, e.s.limitToken)
+	g.GET("/test-deadline", func(c *gin.Context) {
+		if err := http.NewResponseController(c.Writer).SetWriteDeadline(time.Now().Add(time.Minute)); err != nil {
+			c.String(http.StatusInternalServerError, "SetWriteDeadline: %v", err)
+			return
+		}
+		c.Status(http.StatusNoContent)
+	})
+	g.GET("/test-stream", func(c *gin.Context) {
 		c.Status(http.StatusOK)
 		c.Writer.Flush()
 		select {
@@ -452,6 +461,11 @@ func TestFairRequestsInFlight(t *testing.T) {
 	base := "http://" + addr
 	_, tokB := e.addMember("developer")
 	a := clientFrom(t, "127.0.0.1")
+
+	// The limiters' writers keep the connection's deadlines reachable.
+	if ans := fairDo(t, clientFrom(t, "127.0.0.1"), "GET", base+"/v1/test-deadline", e.token, nil); ans.status != http.StatusNoContent {
+		t.Fatalf("deadline through the limiters' writers: %d %s", ans.status, ans.raw)
+	}
 
 	// Two of A's requests in flight: provisions whose bodies do not come.
 	var pws []*io.PipeWriter
