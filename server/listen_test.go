@@ -279,8 +279,10 @@ func TestRealAPIConnFlood(t *testing.T) {
 dataDir: %s
 runsc: {binary: %s, agent: %s}
 image: {autoBuild: false, cacheDir: %s}
-limits: {apiIdleSeconds: %d}
-`, addr, cfg.DataDir, cfg.Runsc.Binary, cfg.Runsc.Agent, cfg.Image.CacheDir, int(idle/time.Second)))
+limits: {apiIdleSeconds: %d, maxAPIConns: %d}
+`, addr, cfg.DataDir, cfg.Runsc.Binary, cfg.Runsc.Agent, cfg.Image.CacheDir, int(idle/time.Second), total))
+	// maxAPIConns is the default under this ulimit, set because Run raises
+	// the open-file limit where it may (root with CAP_SYS_RESOURCE).
 	cmd := osexec.Command("/bin/sh", "-c", fmt.Sprintf(`ulimit -n %d && exec "$0" serve --config "$1"`, nofile), bin, conf)
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "SANDBOXD_") {
