@@ -61,7 +61,7 @@ func (s *Server) routes() *gin.Engine {
 	// The socket's address is the client unless a trusted proxy is configured.
 	e.SetTrustedProxies(s.cfg.TrustedProxies)
 	e.RemoteIPHeaders = []string{"X-Forwarded-For"}
-	e.Use(s.recoverer, s.requestIDs, s.met.countRequests)
+	e.Use(s.recoverer, s.requestIDs, s.met.countRequests, s.limitAddress)
 	e.NoRoute(func(c *gin.Context) { s.writeError(c, errdefs.NotFound("no such route")) })
 	e.HandleMethodNotAllowed = true
 	e.NoMethod(func(c *gin.Context) {
@@ -79,7 +79,7 @@ func (s *Server) routes() *gin.Engine {
 		}
 	})
 
-	v1 := e.Group("/v1", s.bodyLimit, s.authenticate)
+	v1 := e.Group("/v1", s.bodyLimit, s.authenticate, s.limitToken)
 	op := func(method, path, action, perm string, h gin.HandlerFunc) {
 		v1.Handle(method, path, s.audited(action), s.require(perm), h)
 	}
@@ -111,13 +111,13 @@ func (s *Server) routes() *gin.Engine {
 	// (auditProxyOpen), not each request.
 	// (CONNECT and TRACE are not proxied.)
 	for _, m := range []string{"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"} {
-		e.Handle(m, proxyRoute, s.portalRedirect, s.authenticate, s.require(PermProjectUpdate), s.proxyAPI)
+		e.Handle(m, proxyRoute, s.portalRedirect, s.authenticate, s.limitToken, s.require(PermProjectUpdate), s.proxyAPI)
 	}
 
 	// The Model Context Protocol (mcp.go): the same tokens; each tool call
 	// checks its permission and is audited (mcp.<tool>).
 	for _, m := range []string{"POST", "GET", "DELETE"} {
-		e.Handle(m, "/mcp", s.bodyLimit, s.authenticate, s.serveMCP)
+		e.Handle(m, "/mcp", s.bodyLimit, s.authenticate, s.limitToken, s.serveMCP)
 	}
 
 	op("GET", "/me", "me.get", "", s.me)

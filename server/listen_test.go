@@ -238,21 +238,37 @@ func TestDefaultMaxAPIConns(t *testing.T) {
 	if rl.Cur >= 192 && l.max != int64(rl.Cur/4) {
 		t.Errorf("default cap = %d, want a quarter of RLIMIT_NOFILE %d", l.max, rl.Cur)
 	}
+	// Per client: an eighth of the cap, at least 32 (none when that is
+	// the cap itself).
+	if want := int(max(l.max/8, 32)); want < int(l.max) && l.conns.PerClient() != want || want >= int(l.max) && l.conns.PerClient() != 0 {
+		t.Errorf("default per-client cap = %d with a cap of %d", l.conns.PerClient(), l.max)
+	}
+	for _, c := range []struct {
+		configured int
+		total      int64
+		want       int
+	}{{0, 5000, 625}, {0, 256, 32}, {0, 100, 32}, {0, 20, 20}, {7, 5000, 7}} {
+		if got := connsPerClient(c.configured, c.total); got != c.want {
+			t.Errorf("connsPerClient(%d, %d) = %d, want %d", c.configured, c.total, got, c.want)
+		}
+	}
 }
 
 // The review's reproduction against the real binary: under `ulimit -n 1200`
 // 1170 keep-alive connections exhausted the server's descriptors (accept
-// failed with EMFILE, /healthz hung). Now even more connections than the
-// limit itself get a quarter of it held and the rest closed at once; the
-// server stays far from the limit and answers again once the idle ones
-// time out.
+// failed with EMFILE, /healthz hung). Now one client gets its
+// maxConnsPerClient (an eighth of the quarter of the limit) and a 429 for
+// the rest; clients from ten addresses together get no more than the
+// quarter, the idle connections of the heaviest closed to make room; a new
+// client is still answered, and the server stays far from the limit.
 func TestRealAPIConnFlood(t *testing.T) {
 	cfg := realConfig(t)
 	bin := filepath.Join(binDir(t), "sandboxd")
 	if _, err := os.Stat(bin); err != nil {
 		t.Fatalf("%v: run `make build`", err)
 	}
-	const nofile, flood, idle = 1200, 1300, 2 * time.Second
+	const nofile, flood, idle = 1200, 1300, 3 * time.Second
+	const total, perClient = nofile / 4, nofile / 4 / 8
 	free, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -263,8 +279,10 @@ func TestRealAPIConnFlood(t *testing.T) {
 dataDir: %s
 runsc: {binary: %s, agent: %s}
 image: {autoBuild: false, cacheDir: %s}
-limits: {apiIdleSeconds: %d}
-`, addr, cfg.DataDir, cfg.Runsc.Binary, cfg.Runsc.Agent, cfg.Image.CacheDir, int(idle/time.Second)))
+limits: {apiIdleSeconds: %d, maxAPIConns: %d}
+`, addr, cfg.DataDir, cfg.Runsc.Binary, cfg.Runsc.Agent, cfg.Image.CacheDir, int(idle/time.Second), total))
+	// maxAPIConns is the default under this ulimit, set because Run raises
+	// the open-file limit where it may (root with CAP_SYS_RESOURCE).
 	cmd := osexec.Command("/bin/sh", "-c", fmt.Sprintf(`ulimit -n %d && exec "$0" serve --config "$1"`, nofile), bin, conf)
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "SANDBOXD_") {
@@ -304,17 +322,18 @@ limits: {apiIdleSeconds: %d}
 	}
 	base := fds()
 
-	held := 0
 	var conns []net.Conn
 	defer func() {
 		for _, c := range conns {
 			c.Close()
 		}
 	}()
-	for range flood {
-		c, err := net.Dial("tcp", addr)
+	// open opens a keep-alive from local: held (200), refused with a 429,
+	// or closed at once; never left hanging.
+	open := func(local string) (held, answered429 bool) {
+		c, err := dialerFrom(local).Dial("tcp", addr)
 		if err != nil {
-			t.Fatalf("dial: %v", err)
+			t.Fatalf("dial from %s: %v", local, err)
 		}
 		c.SetDeadline(time.Now().Add(5 * time.Second))
 		fmt.Fprintf(c, "GET /healthz HTTP/1.1\r\nHost: sandboxd\r\n\r\n")
@@ -322,32 +341,61 @@ limits: {apiIdleSeconds: %d}
 		if err != nil {
 			var ne net.Error
 			if errors.As(err, &ne) && ne.Timeout() {
-				t.Fatalf("connection %d hung: %v", len(conns), err)
+				t.Fatalf("a connection from %s hung: %v", local, err)
 			}
-			c.Close() // refused at once
-			continue
+			c.Close() // closed at once
+			return false, false
 		}
 		io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
+		if resp.StatusCode == http.StatusTooManyRequests {
+			if resp.Header.Get("Retry-After") == "" || !resp.Close {
+				t.Fatalf("429 without Retry-After or close: %v", resp.Header)
+			}
+			c.Close()
+			return false, true
+		}
 		c.SetDeadline(time.Time{})
 		conns = append(conns, c)
-		held++
+		return true, false
 	}
-	if want := nofile / 4; held != want {
-		t.Errorf("server kept %d of %d connections, want a quarter of %d: %d", held, flood, nofile, want)
+	// One client floods.
+	held, refused429 := 0, 0
+	for range flood {
+		h, r := open("127.0.0.1")
+		if h {
+			held++
+		}
+		if r {
+			refused429++
+		}
 	}
-	if n := fds(); n > base+nofile/4+50 {
+	if held != perClient {
+		t.Errorf("one client kept %d of %d connections, want maxConnsPerClient %d", held, flood, perClient)
+	}
+	if refused429 < (flood-perClient)/2 {
+		t.Errorf("only %d of %d refusals answered 429", refused429, flood-perClient)
+	}
+	// Nine more clients take their share each; together they pass the
+	// total, so idle connections of the heaviest make room.
+	for i := 2; i <= 10; i++ {
+		for range perClient + 5 {
+			open(fmt.Sprintf("127.0.0.%d", i))
+		}
+	}
+	if n := fds(); n > base+total+50 {
 		t.Errorf("server has %d descriptors open (%d before the flood), limit %d", n, base, nofile)
 	}
-	// Over the cap /healthz is refused cleanly; once the idle ones time
-	// out it is answered again.
-	if err := healthz(addr); err == nil {
-		t.Error("/healthz answered while every slot is held")
+	// A new client is answered promptly.
+	t0 := time.Now()
+	if ans := fairDo(t, clientFrom(t, "127.0.0.11"), "GET", "http://"+addr+"/healthz", "", nil); ans.status != http.StatusOK || time.Since(t0) > 2*time.Second {
+		t.Errorf("/healthz from a new client during the flood: %d after %v", ans.status, time.Since(t0))
 	}
+	// Once the idle ones time out, all of it is free again.
 	deadline = time.Now().Add(idle + 5*time.Second)
-	for healthz(addr) != nil {
+	for fds() > base+5 {
 		if time.Now().After(deadline) {
-			t.Fatalf("/healthz not answered %v after the flood", idle+5*time.Second)
+			t.Fatalf("%d descriptors open %v after the flood (%d before)", fds(), idle+5*time.Second, base)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -355,8 +403,8 @@ limits: {apiIdleSeconds: %d}
 	if strings.Contains(o, "too many open files") || strings.Contains(o, "Accept error") {
 		t.Errorf("server ran out of descriptors:\n%s", o)
 	}
-	if !strings.Contains(o, "API connection limit reached") {
-		t.Errorf("no warning about the connection limit in the server's log:\n%s", o)
+	if !strings.Contains(o, "API client at its connection limit") {
+		t.Errorf("no warning about the per-client connection limit in the server's log:\n%s", o)
 	}
 }
 

@@ -25,6 +25,13 @@ type metrics struct {
 	// at once over limits.maxAPIConns.
 	apiConns   prometheus.Gauge
 	apiRefused prometheus.Counter
+	// Fairness between clients (fair.go, listen.go): connections answered
+	// 429 over limits.maxConnsPerClient, idle ones closed to make room at
+	// limits.maxAPIConns, and requests answered 429 by scope (address,
+	// token) and reason (rate, in_flight).
+	apiClientRefused prometheus.Counter
+	apiEvicted       prometheus.Counter
+	limited          *prometheus.CounterVec
 	// Standard library log lines dropped by the rate limit (stdlog.go).
 	stdLogSuppressed prometheus.Counter
 	// Credits drawn by running sandboxes, as the monitor sees them accrue.
@@ -49,13 +56,22 @@ func newMetrics(db *store.DB) *metrics {
 	m.apiRefused = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "sandboxd_api_connections_refused_total", Help: "API connections closed at once because limits.maxAPIConns were open.",
 	})
+	m.apiClientRefused = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "sandboxd_api_client_connections_refused_total", Help: "API connections answered 429 and closed because their client had limits.maxConnsPerClient open.",
+	})
+	m.apiEvicted = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "sandboxd_api_connections_evicted_total", Help: "Idle API connections of the client holding the most closed to make room at limits.maxAPIConns.",
+	})
+	m.limited = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sandboxd_api_requests_limited_total", Help: "Requests answered 429 over a client's request limits, by scope (address, token) and reason (rate, in_flight).",
+	}, []string{"scope", "reason"})
 	m.stdLogSuppressed = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "sandboxd_stdlog_suppressed_total", Help: "Go standard library log lines dropped by the rate limit.",
 	})
 	m.credits = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "sandboxd_credits_drawn_total", Help: "Usage credits drawn by running sandboxes (counted as the monitor sees them run, every 5 s, and at each stop).",
 	})
-	m.reg.MustRegister(m.requests, m.provision, m.exec, m.wsConns, m.apiConns, m.apiRefused, m.stdLogSuppressed, m.credits, sessionCollector{db},
+	m.reg.MustRegister(m.requests, m.provision, m.exec, m.wsConns, m.apiConns, m.apiRefused, m.apiClientRefused, m.apiEvicted, m.limited, m.stdLogSuppressed, m.credits, sessionCollector{db},
 		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 	return m
 }

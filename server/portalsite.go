@@ -70,6 +70,15 @@ func (s *Server) servePortal(w http.ResponseWriter, r *http.Request, key string)
 		s.met.requests.WithLabelValues("portal", strconv.Itoa(st)).Inc()
 	}()
 	origin := s.cfg.Portal.Scheme + "://" + r.Host
+	// The client's and then the token's request limits (fair.go), as on
+	// the API's routes.
+	release, err := s.admit(w.Header(), scopeAddress, s.clientKey(r))
+	if err != nil {
+		s.portalError(w, r, rid, err)
+		return
+	}
+	defer release()
+	w = &releaser{ResponseWriter: w, release: release}
 	if r.URL.Path == loginPath {
 		s.portalLogin(w, r, key, rid)
 		return
@@ -99,6 +108,13 @@ func (s *Server) servePortal(w http.ResponseWriter, r *http.Request, key string)
 		fail(errPortalSignedOut)
 		return
 	}
+	release, err = s.admit(w.Header(), scopeToken, p.TokenID)
+	if err != nil {
+		fail(err)
+		return
+	}
+	defer release()
+	w = &releaser{ResponseWriter: w, release: release}
 	if why := portal.CrossOrigin(r, origin); why != "" {
 		if r.Method == http.MethodGet && r.Header.Get("Sec-Fetch-Mode") == "navigate" && r.Header.Get("Sec-Fetch-Dest") == "document" {
 			// A person who followed a link from elsewhere: one click on
@@ -249,6 +265,9 @@ func (s *Server) portalError(w http.ResponseWriter, r *http.Request, rid string,
 	}
 	var body errorBody
 	body.Error.Code, body.Error.Message, body.Error.RequestID = code, msg, rid
+	if pe, ok := errdefs.Public(err); ok {
+		body.Error.Details = pe.Details()
+	}
 	b, _ := json.Marshal(body)
 	w.Header().Set("Content-Type", "application/json; charset=utf-8")
 	w.Header().Set("X-Content-Type-Options", "nosniff")

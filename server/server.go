@@ -1,8 +1,8 @@
 // Package server is sandboxd's HTTP edge and composition root: the Gin
-// routes and middleware (request id -> body limit -> auth -> audit ->
-// permission -> handler), one handler file per resource, the WebSocket
-// upgrades, openapi.json, and the one map from error classes to HTTP
-// (statusOf). New wires the domain (server/sandbox), the processes
+// routes and middleware (request id -> client address limits -> body
+// limit -> auth -> token limits -> audit -> permission -> handler), one
+// handler file per resource, the WebSocket upgrades, openapi.json, and the
+// one map from error classes to HTTP (statusOf). New wires the domain (server/sandbox), the processes
 // (server/procs), workspaces, session logs, the egress proxy, the store and
 // the runsc driver; Close stops them in a named order.
 //
@@ -87,6 +87,7 @@ type Server struct {
 	roles    roleCache       // tokens' roles, for portal requests
 	opens    proxyOpens      // API clients' portal opens, for the audit log
 	mcp      *mcpEdge        // the MCP endpoint (mcp.go)
+	fair     *fairness       // per-client request limits (fair.go)
 	// fileIO bounds a file transfer (ns; defaultFileIO, tests shorten it).
 	fileIO atomic.Int64
 	// stdLogClock is the clock of the standard library log's rate limit.
@@ -321,6 +322,7 @@ func newServer(cfg *config.Config, db *store.DB, rt Runtime, img string, log *sl
 		ServiceIdle:    time.Duration(cfg.Portal.ServiceIdleSeconds) * time.Second,
 	})
 	s.newMCP()
+	s.newFairness()
 	s.engine = s.routes()
 	// Close in this order: no new lifecycle work, then what runs in
 	// sessions, then the proxy (ending every tunnel, so bytes in flight

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"math"
 	"net"
 	"net/url"
 	"os"
@@ -126,6 +127,14 @@ type Limits struct {
 	TerminalIdleSeconds    int `yaml:"terminalIdleSeconds"`
 	MaxAPIConns            int `yaml:"maxAPIConns"`
 	APIIdleSeconds         int `yaml:"apiIdleSeconds"`
+	// Per client (server/fair): connections of one address (0: an eighth
+	// of maxAPIConns, at least 32), and for each address and each token a
+	// request rate, its burst and the requests in flight at once (0: no
+	// limit).
+	MaxConnsPerClient   int     `yaml:"maxConnsPerClient"`
+	RequestsPerSecond   float64 `yaml:"requestsPerSecond"`
+	RequestBurst        int     `yaml:"requestBurst"`
+	MaxRequestsInFlight int     `yaml:"maxRequestsInFlight"`
 	// IdleAction is what a session's idle timeout does unless its
 	// provision chose: IdleTeardown or IdlePause.
 	IdleAction string `yaml:"idleAction"`
@@ -382,6 +391,20 @@ func (c *Config) validate() error {
 	}
 	if l.MinFreeMemoryMiB < 0 || l.PressureFreeMemoryMiB < 0 || l.PressureMinIdleSeconds < 0 {
 		errs = append(errs, errors.New("limits: minFreeMemoryMiB, pressureFreeMemoryMiB and pressureMinIdleSeconds must be 0 or more"))
+	}
+	if l.MaxConnsPerClient < 0 {
+		errs = append(errs, errors.New("limits.maxConnsPerClient: must be 0 (an eighth of maxAPIConns) or more"))
+	}
+	if l.RequestsPerSecond < 0 || math.IsNaN(l.RequestsPerSecond) || math.IsInf(l.RequestsPerSecond, 0) {
+		errs = append(errs, errors.New("limits.requestsPerSecond: must be 0 (no limit) or more"))
+	} else if l.RequestsPerSecond > 0 && l.RequestBurst < 1 {
+		errs = append(errs, errors.New("limits.requestBurst: must be 1 or more when requestsPerSecond is set"))
+	}
+	if l.RequestBurst < 0 {
+		errs = append(errs, errors.New("limits.requestBurst: must be 0 or more"))
+	}
+	if l.MaxRequestsInFlight < 0 {
+		errs = append(errs, errors.New("limits.maxRequestsInFlight: must be 0 (no limit) or more"))
 	}
 	if c.Storage.OrgQuotaMiB < 0 {
 		errs = append(errs, errors.New("storage.orgQuotaMiB: must be 0 (no cap) or more"))

@@ -51,6 +51,9 @@ func TestLoadConfigDefaults(t *testing.T) {
 		l.ExecMaxTimeoutMs != 3600000 || l.MaxSandboxes != 1000 || l.MemoryOvercommit != 50 || l.PressureFreeMemoryMiB != 2048 {
 		t.Errorf("limits = %+v", l)
 	}
+	if l.MaxConnsPerClient != 0 || l.RequestsPerSecond != 200 || l.RequestBurst != 1000 || l.MaxRequestsInFlight != 128 {
+		t.Errorf("per-client limits = %+v", l)
+	}
 	if c.Sizes.Default != "standard-1" || len(c.Sizes.List) != 5 {
 		t.Errorf("sizes = %+v", c.Sizes)
 	}
@@ -151,6 +154,11 @@ func TestLoadConfigErrors(t *testing.T) {
 		"timeouts":           {"limits:\n  execDefaultTimeoutMs: 10\n  execMaxTimeoutMs: 5\n", "limits"},
 		"api conns":          {"limits:\n  maxAPIConns: -1\n", "limits"},
 		"api idle":           {"limits:\n  apiIdleSeconds: 0\n", "limits"},
+		"conns per client":   {"limits:\n  maxConnsPerClient: -1\n", "limits.maxConnsPerClient"},
+		"request rate":       {"limits:\n  requestsPerSecond: -1\n", "limits.requestsPerSecond"},
+		"request burst":      {"limits:\n  requestsPerSecond: 5\n  requestBurst: 0\n", "limits.requestBurst"},
+		"requests in flight": {"limits:\n  maxRequestsInFlight: -2\n", "limits.maxRequestsInFlight"},
+		"rate not a number":  {"limits:\n  requestsPerSecond: .nan\n", "limits.requestsPerSecond"},
 		"idle action":        {"limits:\n  idleAction: sleep\n", "idleAction"},
 		"bad yaml":           {"listen: [\n", "yaml"},
 	}
