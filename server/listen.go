@@ -12,14 +12,21 @@ import (
 	"sandboxd/egress"
 )
 
+// maxHeaderBytes bounds a request's header block (431 beyond): net/http's
+// default, 1 MiB, let each of limits.maxAPIConns connections hold a
+// megabyte of headers. Browsers send a few KiB (cookies are 4 KiB each).
+const maxHeaderBytes = 64 << 10
+
 // apiServer is the API's HTTP server and ln wrapped to cap its open
 // connections (limits.maxAPIConns). Idle keep-alive connections close
-// after limits.apiIdleSeconds; headers must arrive within 10 s.
+// after limits.apiIdleSeconds; headers must arrive within 10 s and fit in
+// maxHeaderBytes.
 func (s *Server) apiServer(ln net.Listener) (*http.Server, *capListener) {
 	hs := &http.Server{
 		Handler:           s.Handler(),
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       time.Duration(s.cfg.Limits.APIIdleSeconds) * time.Second,
+		MaxHeaderBytes:    maxHeaderBytes,
 	}
 	// MCP sessions' GET streams never end by themselves.
 	hs.RegisterOnShutdown(func() { s.mcp.closeAll(10 * time.Second) })
