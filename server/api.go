@@ -191,7 +191,12 @@ func (s *Server) authenticate(c *gin.Context) {
 				s.writeError(c, errdefs.Forbidden("cross-origin WebSocket refused"))
 				return
 			}
-			if t, valid := s.tix.redeem(tk, time.Now()); valid && t.sessionID == c.Param("sessionId") {
+			t, valid, err := s.redeemTicket(c.Request.Context(), tk)
+			if err != nil {
+				s.writeError(c, err)
+				return
+			}
+			if valid && t.sessionID == c.Param("sessionId") {
 				c.Set(ctxPrincipal, t.p)
 				c.Next()
 				return

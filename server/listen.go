@@ -17,15 +17,21 @@ import (
 	"sandboxd/server/fair"
 )
 
+// maxHeaderBytes bounds a request's header block (431 beyond): net/http's
+// default, 1 MiB, let each of limits.maxAPIConns connections hold a
+// megabyte of headers. Browsers send a few KiB (cookies are 4 KiB each).
+const maxHeaderBytes = 64 << 10
+
 // apiServer is the API's HTTP server and ln wrapped to cap its open
 // connections (limits.maxAPIConns, limits.maxConnsPerClient). Idle
 // keep-alive connections close after limits.apiIdleSeconds; headers must
-// arrive within 10 s.
+// arrive within 10 s and fit in maxHeaderBytes.
 func (s *Server) apiServer(ln net.Listener) (*http.Server, *capListener) {
 	hs := &http.Server{
 		Handler:           s.Handler(),
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       time.Duration(s.cfg.Limits.APIIdleSeconds) * time.Second,
+		MaxHeaderBytes:    maxHeaderBytes,
 		// Which connections may be closed to make room (fair.Conns).
 		ConnState: func(c net.Conn, st http.ConnState) {
 			if cc, ok := c.(*capConn); ok {

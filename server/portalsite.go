@@ -182,7 +182,11 @@ func (s *Server) portalLogin(w http.ResponseWriter, r *http.Request, key, rid st
 		return
 	}
 	q := r.URL.Query()
-	t, ok := s.tix.redeem(q.Get("ticket"), time.Now())
+	t, ok, err := s.redeemTicket(r.Context(), q.Get("ticket"))
+	if err != nil {
+		fail(err)
+		return
+	}
 	if !ok {
 		fail(errPortalTicket)
 		return

@@ -1,8 +1,10 @@
 package server
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/base64"
+	"errors"
 	"net/http"
 	"sync"
 	"time"
@@ -69,6 +71,26 @@ func (t *tickets) redeem(id string, now time.Time) (ticket, bool) {
 		return ticket{}, false
 	}
 	return tk, true
+}
+
+// redeemTicket consumes a ticket (tickets.redeem) and checks that its
+// token still has access: a ticket outlives neither a revoked token nor a
+// member's removal, and carries the role the member has now, not the one it
+// was issued with. ok is false for a ticket that does not authenticate.
+func (s *Server) redeemTicket(ctx context.Context, id string) (t ticket, ok bool, err error) {
+	t, ok = s.tix.redeem(id, time.Now())
+	if !ok {
+		return ticket{}, false, nil
+	}
+	role, err := s.db.TokenRole(ctx, t.p.TokenID)
+	if errors.Is(err, store.ErrNotFound) {
+		return ticket{}, false, nil
+	}
+	if err != nil {
+		return ticket{}, false, err
+	}
+	t.p.Role = role
+	return t, true, nil
 }
 
 // createTicket: POST /v1/sandbox/:sessionId/tickets.
