@@ -26,10 +26,10 @@ func validRepo(s string) bool {
 	return ok && repoOwnerRe.MatchString(owner) && repoNameRe.MatchString(name) && name != "." && name != ".."
 }
 
-// validBranch applies git's ref-name rules (git check-ref-format) on top of
-// a strict character set.
+// validBranch applies git's branch name rules (git check-ref-format
+// --branch, which also refuses "HEAD") on top of a strict character set.
 func validBranch(s string) bool {
-	if !branchRe.MatchString(s) || s == "@" {
+	if !branchRe.MatchString(s) || s == "@" || s == "HEAD" {
 		return false
 	}
 	if strings.HasPrefix(s, "/") || strings.HasSuffix(s, "/") || strings.HasSuffix(s, ".") ||
