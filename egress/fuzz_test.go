@@ -271,10 +271,12 @@ func naiveReads(b []byte, how int) []naiveRequest {
 			first = l
 		}
 		// HTTP/1.x, or (Python's) a version-less GET whose headers are
-		// read, after which the connection closes.
+		// read, after which the connection closes. A method that is no
+		// token is an error every server answers by closing.
 		f := strings.Fields(first)
 		last := len(f) == 2 && f[0] == "GET"
-		if !last && (len(f) != 3 || !strings.HasPrefix(f[2], "HTTP/1.")) {
+		if !last && (len(f) != 3 || !strings.HasPrefix(f[2], "HTTP/1.")) ||
+			strings.ContainsFunc(f[0], func(r rune) bool { return r > 0x7f || !isTokenChar(byte(r)) }) {
 			return out
 		}
 		r := naiveRequest{target: f[1]}
