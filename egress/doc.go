@@ -64,7 +64,7 @@
 // never both, no chunked on HTTP/1.0, none on GET, HEAD, DELETE, OPTIONS,
 // TRACE, whose bodies servers may ignore and read as a request; chunk
 // sizes in hex digits only, trailers only as fields; CRLF line ends only;
-// no "//host" targets), so a request hidden in a body stays data; and nothing goes
+// no folded header lines; no "//host" targets), so a request hidden in a body stays data; and nothing goes
 // opaque after an upgrade request, since the proxy does not see whether
 // the upstream switched (WebSocket in a tunnel works as wss://). Plain
 // HTTP refuses bodies on the same methods. Not covered: an upstream

@@ -268,11 +268,17 @@ func checkRequest(req *http.Request, host string, port int) string {
 
 // framing reads a request head's body framing the strict way, so that the
 // proxy and any server agree on where the body ends: one Content-Length of
-// digits, or Transfer-Encoding exactly "chunked", never both.
+// digits, or Transfer-Encoding exactly "chunked", never both. A folded
+// header line (obs-fold: one starting with a space or tab) is refused too:
+// servers read it as part of the line before, as a header of its own
+// ("Host", say) or not at all.
 func framing(head []byte) (chunked bool, length int64, ok bool) {
 	lines := bytes.Split(head, []byte("\r\n"))
 	nCL, nTE := 0, 0
 	for _, l := range lines[1:] {
+		if len(l) > 0 && (l[0] == ' ' || l[0] == '\t') {
+			return false, 0, false
+		}
 		name, value, found := bytes.Cut(l, []byte(":"))
 		if !found {
 			continue

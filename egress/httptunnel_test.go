@@ -55,6 +55,8 @@ func TestTunnelEveryRequest(t *testing.T) {
 			reason: ReasonHTTPFraming, reaches: ""},
 		{name: "bad chunk size", send: "POST /a HTTP/1.1\r\n" + hostHdr + "Transfer-Encoding: chunked\r\n\r\nzz\r\n" + hidden,
 			reason: ReasonHTTPFraming, reaches: "POST /a HTTP/1.1\r\n" + hostHdr + "Transfer-Encoding: chunked\r\n\r\n"},
+		{name: "folded header line", send: req("/a") + "GET /b HTTP/1.1\r\n" + hostHdr + "X: a\r\n Host: evil.test\r\n\r\n",
+			reason: ReasonHTTPFraming, reaches: req("/a")},
 		{name: "bare LF in a later head", send: req("/a") + "GET /b HTTP/1.1\n" + hostHdr + "\r\n", reason: ReasonNotHTTP, reaches: req("/a")},
 		{name: "bare LF in the first head", send: "GET /b HTTP/1.1\r\nHost: " + target + "\nHost: evil.test\r\n\r\n", reason: ReasonNotHTTP, reaches: ""},
 		{name: "not HTTP after a request", send: req("/a") + "\r\nGET / HTTP/1.1\r\nHost: evil.test\r\n\r\n", reason: ReasonNotHTTP, reaches: req("/a")},

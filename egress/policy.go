@@ -24,7 +24,7 @@ const (
 	ReasonNotHTTP          = "not_http"                // non-HTTP bytes in a tunnel to port 80
 	ReasonHostMismatch     = "host_mismatch"           // HTTP Host in a tunnel differs from the CONNECT host
 	ReasonAbsoluteForm     = "absolute_form_in_tunnel" // a proxy request (http://...) inside a tunnel
-	ReasonHTTPFraming      = "ambiguous_http_framing"  // a request in a tunnel whose body length servers could read differently
+	ReasonHTTPFraming      = "ambiguous_http_framing"  // a request in a tunnel whose body length or folded header lines servers could read differently
 	ReasonBadHello         = "bad_client_hello"        // malformed, oversized or too slow first message
 	ReasonScheme           = "unsupported_scheme"      // plain request for other than http:// (use CONNECT)
 	ReasonNotProxyRequest  = "not_proxy_request"       // origin-form request to the proxy itself

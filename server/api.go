@@ -303,7 +303,8 @@ func decodeJSON(c *gin.Context, v any) error {
 		}
 		return badRequest("could not read the request body")
 	}
-	if len(bytes.TrimSpace(body)) == 0 {
+	trimmed := bytes.TrimLeft(body, " \t\r\n")
+	if len(trimmed) == 0 {
 		return badRequest("request body must be a JSON object")
 	}
 	if err := exactKeys(body, v); err != nil {
@@ -316,6 +317,9 @@ func decodeJSON(c *gin.Context, v any) error {
 	}
 	if _, err := dec.Token(); err != io.EOF {
 		return badRequest("request body has data after the JSON object")
+	}
+	if trimmed[0] != '{' { // null, which decodes into a struct as nothing
+		return badRequest("request body must be a JSON object")
 	}
 	return nil
 }

@@ -236,6 +236,7 @@ func TestAPIMalformedBodies(t *testing.T) {
 		{"syntax", `{sessionId: "a"}`, "malformed JSON"},
 		{"not an object", `["a"]`, "JSON object"},
 		{"string", `"a"`, "JSON object"},
+		{"null", " null\n", "JSON object"}, // found by FuzzDecodeRequest
 		{"empty", ``, "JSON object"},
 		{"blank", "  \n ", "JSON object"},
 		{"trailing data", `{"sessionId":"a"} {"x":1}`, "after the JSON object"},

@@ -71,21 +71,27 @@ func (s *Server) runCode(lang string) gin.HandlerFunc {
 	}
 }
 
-// runCodeIn checks req and runs its code in a code context of lang in ses:
-// the REST code run's and the MCP run_code's one path. The answer passes
-// the session's scrubber and the output cap; note receives the audit
-// details.
-func (s *Server) runCodeIn(ctx context.Context, ses *store.Session, lang string, req *codeRequest, note noteFn) (codeResponse, error) {
+// checkCode checks a code run's fields (contextId defaults to "default")
+// and returns its timeout.
+func (s *Server) checkCode(req *codeRequest) (time.Duration, error) {
 	if req.Code == "" || len(req.Code) > maxCodeBytes {
-		return codeResponse{}, badRequest("code: required, at most 1 MiB")
+		return 0, badRequest("code: required, at most 1 MiB")
 	}
 	if req.ContextID == "" {
 		req.ContextID = defaultContextID
 	}
 	if !contextIDRe.MatchString(req.ContextID) {
-		return codeResponse{}, badRequest("contextId: 1-64 characters of letters, digits, '.', '_' or '-', starting with a letter or digit")
+		return 0, badRequest("contextId: 1-64 characters of letters, digits, '.', '_' or '-', starting with a letter or digit")
 	}
-	timeout, aerr := s.timeout(req.TimeoutMs, 30*time.Second)
+	return s.timeout(req.TimeoutMs, 30*time.Second)
+}
+
+// runCodeIn checks req and runs its code in a code context of lang in ses:
+// the REST code run's and the MCP run_code's one path. The answer passes
+// the session's scrubber and the output cap; note receives the audit
+// details.
+func (s *Server) runCodeIn(ctx context.Context, ses *store.Session, lang string, req *codeRequest, note noteFn) (codeResponse, error) {
+	timeout, aerr := s.checkCode(req)
 	if aerr != nil {
 		return codeResponse{}, aerr
 	}

@@ -88,19 +88,7 @@ func (s *Server) exec(c *gin.Context) {
 // passes the session's scrubber, then the shared cap; note receives the
 // audit details.
 func (s *Server) execCommand(ctx context.Context, ses *store.Session, req *execRequest, note noteFn) (execResponse, error) {
-	if strings.TrimSpace(req.Command) == "" || len(req.Command) > maxCommandBytes || strings.ContainsRune(req.Command, 0) {
-		return execResponse{}, badRequest("command: required, under 256 KiB, without NUL bytes")
-	}
-	if req.Cwd == "" {
-		req.Cwd = runsc.Workspace
-	}
-	if !validCwd(req.Cwd) {
-		return execResponse{}, badRequest("cwd: must be an absolute, normalized path")
-	}
-	if e := checkEnv("env", req.Env); e != nil {
-		return execResponse{}, e
-	}
-	timeout, err := s.timeout(req.TimeoutMs, time.Duration(s.cfg.Limits.ExecDefaultTimeoutMs)*time.Millisecond)
+	timeout, err := s.checkExec(req)
 	if err != nil {
 		return execResponse{}, err
 	}
@@ -173,12 +161,38 @@ func (s *Server) execCommand(ctx context.Context, ses *store.Session, req *execR
 	}, nil
 }
 
+// checkExec checks an exec request's fields (cwd defaults to /workspace)
+// and returns its timeout.
+func (s *Server) checkExec(req *execRequest) (time.Duration, error) {
+	if strings.TrimSpace(req.Command) == "" || len(req.Command) > maxCommandBytes || strings.ContainsRune(req.Command, 0) {
+		return 0, badRequest("command: required, under 256 KiB, without NUL bytes")
+	}
+	if req.Cwd == "" {
+		req.Cwd = runsc.Workspace
+	}
+	if !validCwd(req.Cwd) {
+		return 0, badRequest("cwd: must be an absolute, normalized path")
+	}
+	if e := checkEnv("env", req.Env); e != nil {
+		return 0, e
+	}
+	return s.timeout(req.TimeoutMs, time.Duration(s.cfg.Limits.ExecDefaultTimeoutMs)*time.Millisecond)
+}
+
+// checkKill: {"action": "kill"} takes no other field.
+func checkKill(req *execRequest) error {
+	if req.Command != "" || req.Cwd != "" || req.Env != nil || req.TimeoutMs != nil || req.Stdin != nil {
+		return badRequest("action kill takes no command, cwd, env, timeoutMs or stdin")
+	}
+	return nil
+}
+
 // killAll: {"action": "kill"} stops every process in the sandbox but its
 // init, e.g. after a fork bomb or forgotten background jobs. It keeps
 // killing for up to agent.DefaultKillWait while something is left.
 func (s *Server) killAll(c *gin.Context, ses *store.Session, req *execRequest) {
-	if req.Command != "" || req.Cwd != "" || req.Env != nil || req.TimeoutMs != nil || req.Stdin != nil {
-		s.writeError(c, badRequest("action kill takes no command, cwd, env, timeoutMs or stdin"))
+	if err := checkKill(req); err != nil {
+		s.writeError(c, err)
 		return
 	}
 	res, err := s.sessions.KillAll(c.Request.Context(), *ses)

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -59,8 +60,8 @@ func (s *Server) validateProvision(req *provisionRequest) (config.Size, error) {
 	if e := checkEnv("secrets", req.Secrets); e != nil {
 		return config.Size{}, e
 	}
-	for k, v := range req.Secrets {
-		if len(v) < scrub.MinValueLen {
+	for _, k := range slices.Sorted(maps.Keys(req.Secrets)) {
+		if v := req.Secrets[k]; len(v) < scrub.MinValueLen {
 			return config.Size{}, badRequest("secrets: value of %s is shorter than %d bytes and cannot be redacted safely; it was not accepted", k, scrub.MinValueLen)
 		}
 	}

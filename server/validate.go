@@ -1,8 +1,10 @@
 package server
 
 import (
+	"maps"
 	"path"
 	"regexp"
+	"slices"
 	"strings"
 )
 
@@ -24,10 +26,10 @@ func validRepo(s string) bool {
 	return ok && repoOwnerRe.MatchString(owner) && repoNameRe.MatchString(name) && name != "." && name != ".."
 }
 
-// validBranch applies git's ref-name rules (git check-ref-format) on top of
-// a strict character set.
+// validBranch applies git's branch name rules (git check-ref-format
+// --branch, which also refuses "HEAD") on top of a strict character set.
 func validBranch(s string) bool {
-	if !branchRe.MatchString(s) || s == "@" {
+	if !branchRe.MatchString(s) || s == "@" || s == "HEAD" {
 		return false
 	}
 	if strings.HasPrefix(s, "/") || strings.HasSuffix(s, "/") || strings.HasSuffix(s, ".") ||
@@ -47,11 +49,13 @@ func validBranch(s string) bool {
 var reservedEnv = map[string]bool{"HOME": true, "USER": true, "LOGNAME": true, "SHELL": true}
 
 // checkEnv validates an env map; field names the JSON field for messages.
+// Names are checked in order, so a request always gets the same message.
 func checkEnv(field string, env map[string]string) error {
 	if len(env) > 256 {
 		return badRequest("%s: at most 256 variables", field)
 	}
-	for k, v := range env {
+	for _, k := range slices.Sorted(maps.Keys(env)) {
+		v := env[k]
 		if !envKeyRe.MatchString(k) {
 			return badRequest("%s: invalid variable name (letters, digits, '_', not starting with a digit)", field)
 		}
