@@ -34,7 +34,7 @@ func (s *Server) apiServer(ln net.Listener) (*http.Server, *capListener) {
 	if max <= 0 {
 		max = egress.FDShare()
 	}
-	return hs, s.capConns(ln, max)
+	return hs, s.capConns(stallListener{ln, &s.writeIdle}, max)
 }
 
 // capListener holds at most max accepted connections open at once. A
