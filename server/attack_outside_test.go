@@ -8,11 +8,9 @@ package server
 // the part that needs a real sandbox.
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -24,7 +22,6 @@ import (
 	"time"
 
 	"sandboxd/server/config"
-	"sandboxd/server/portal"
 	"sandboxd/store"
 )
 
@@ -561,7 +558,3 @@ func TestAttackMCPTools(t *testing.T) {
 		t.Errorf("calls on the other organization's sandbox: %v", c)
 	}
 }
-
-var _ = fmt.Sprint
-var _ = bufio.NewReader
-var _ = portal.SessionKey

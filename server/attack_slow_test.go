@@ -6,8 +6,6 @@ package server
 
 import (
 	"bufio"
-	"context"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -394,8 +392,5 @@ func TestAttackConnFlood(t *testing.T) {
 		t.Errorf("%d goroutines after the flood", n)
 	}
 }
-
-var _ = context.Background
-var _ = fmt.Sprint
 
 func osWriteFile(path string, b []byte) error { return os.WriteFile(path, b, 0o644) }
