@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"reflect"
 	"runtime/debug"
 	"strings"
@@ -300,6 +301,9 @@ func decodeJSON(c *gin.Context, v any) error {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
 			return tooLarge(mbe.Limit)
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return badRequest("the request body did not arrive in time")
 		}
 		return badRequest("could not read the request body")
 	}

@@ -8,11 +8,9 @@ package server
 // the part that needs a real sandbox.
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -24,7 +22,6 @@ import (
 	"time"
 
 	"sandboxd/server/config"
-	"sandboxd/server/portal"
 	"sandboxd/store"
 )
 
@@ -346,6 +343,25 @@ func TestAttackRouteTable(t *testing.T) {
 	sort.Strings(keys)
 	before := len(a.rt.CallsWith("exec")) + len(a.rt.CallsWith("destroy")) + len(a.rt.CallsWith("dial"))
 
+	// First the listings: they show nothing of the other organization's.
+	// (Before the attacks below, whose own requests name its ids in the
+	// caller's audit log.)
+	if err := a.db.FlushAudit(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		rc := routeCases[k]
+		method, path, _ := strings.Cut(k, " ")
+		if rc.crossOrg == "" || rc.public != "" || method != http.MethodGet || rc.perm == PermOperate || strings.HasSuffix(path, "/ws") || path == "/mcp" {
+			continue
+		}
+		r := a.do(t, method, a.fill(path, "own")+rc.query, a.token, nil)
+		if r.status >= 300 {
+			t.Errorf("%s as the owner: %d %.300s", k, r.status, r.body)
+		}
+		a.assertNoVictimData(t, k, r.body)
+	}
+
 	for _, k := range keys {
 		rc := routeCases[k]
 		method, path, _ := strings.Cut(k, " ")
@@ -413,12 +429,6 @@ func TestAttackRouteTable(t *testing.T) {
 				t.Errorf("%s: the other organization's object answers %q, one that never existed %q", k, m1, m2)
 			}
 			a.assertNoVictimData(t, k+" across organizations", theirs.body)
-		} else if method == http.MethodGet && rc.perm != PermOperate {
-			r := a.do(t, method, own, a.token, nil, upgrade...)
-			if r.status >= 300 && r.status != http.StatusBadRequest {
-				t.Errorf("%s as the owner: %d %.300s", k, r.status, r.body)
-			}
-			a.assertNoVictimData(t, k, r.body)
 		}
 	}
 
@@ -548,7 +558,3 @@ func TestAttackMCPTools(t *testing.T) {
 		t.Errorf("calls on the other organization's sandbox: %v", c)
 	}
 }
-
-var _ = fmt.Sprint
-var _ = bufio.NewReader
-var _ = portal.SessionKey

@@ -58,7 +58,8 @@ func (a *atkEnv) upstream(t *testing.T) *atkUpstream {
 				c.WriteMessage(mt, b)
 			}
 		}
-		fmt.Fprintf(w, "upstream 8000 path %s", p)
+		n, _ := io.Copy(io.Discard, r.Body)
+		fmt.Fprintf(w, "upstream 8000 path %s body %d", p, n)
 	}))
 	t.Cleanup(u.srv.Close)
 	ses, err := a.db.GetSession(context.Background(), a.orgA.Org.ID, a.mine)

@@ -50,7 +50,7 @@ func (s *Server) apiServer(ln net.Listener) (*http.Server, *capListener) {
 	if max <= 0 {
 		max = egress.FDShare()
 	}
-	return hs, s.capConns(ln, max, connsPerClient(s.cfg.Limits.MaxConnsPerClient, max))
+	return hs, s.capConns(stallListener{ln, &s.writeIdle}, max, connsPerClient(s.cfg.Limits.MaxConnsPerClient, max))
 }
 
 // connsPerClient is limits.maxConnsPerClient, or for 0 an eighth of the

@@ -146,6 +146,8 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, p store.Principal
 	}
 	*ses = cmd.Session // resumed if it was paused for memory pressure
 	defer cmd.End()
+	// Authorized: the body is the sandbox's server's to read, at its pace.
+	noBodyDeadline(w)
 	call.Fail = fail
 	call.Sandbox = portal.Sandbox{PK: ses.ID, ContainerID: ses.ContainerID,
 		MemoryMiB: ses.MemoryMiB,

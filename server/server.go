@@ -95,6 +95,9 @@ type Server struct {
 	// wsGuard is how often an open WebSocket's access is checked (ns;
 	// guardEvery, tests shorten it).
 	wsGuard atomic.Int64
+	// bodyIO and writeIdle bound slow clients (ns; bodyTimeout and
+	// writeStall, slowclients.go; tests shorten them).
+	bodyIO, writeIdle atomic.Int64
 
 	// closers run in order on Close.
 	closers   []closer
@@ -271,6 +274,8 @@ func newServer(cfg *config.Config, db *store.DB, rt Runtime, img string, log *sl
 	s.fileIO.Store(int64(defaultFileIO))
 	s.stdLogClock = time.Now
 	s.wsGuard.Store(int64(guardEvery))
+	s.bodyIO.Store(int64(bodyTimeout))
+	s.writeIdle.Store(int64(writeStall))
 	s.tix = newTickets()
 	s.console = web.New()
 	s.files = workspace.New(runsc.UserUID, runsc.UserGID)
@@ -406,6 +411,7 @@ func (s *Server) Handler() http.Handler {
 			http.Error(w, "Host header too long", http.StatusBadRequest)
 			return
 		}
+		defer s.limitBody(w, r)()
 		if key, ok := s.portalHost(r.Host); ok {
 			s.servePortal(w, r, key)
 			return
