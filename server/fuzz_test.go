@@ -185,6 +185,9 @@ func checkDecoded(t *testing.T, body []byte, v any) {
 	if err := decodeLimited(enc, int64(len(enc)), again); err != nil {
 		t.Fatalf("re-encoded %s: %v", enc, err)
 	}
+	if g, ok := again.(*grantRequest); ok && g.Credits == "0" && v.(*grantRequest).Credits == "" {
+		g.Credits = "" // encoding/json writes an empty json.Number as 0
+	}
 	if !reflect.DeepEqual(v, again) {
 		t.Fatalf("round trip: %+v became %+v", v, again)
 	}
