@@ -61,8 +61,8 @@ func (r *Runtime) mountDisk(id, image string, diskMiB int64) (created bool, err 
 	// mount(8) sets up the loop device with autoclear, so unmounting frees it.
 	// discard: blocks the sandbox frees are punched out of the sparse
 	// disk.img, so deleting a file gives its space back to the host too.
-	if out, err := exec.Command("mount", "-t", "ext4", "-o", "loop,nosuid,nodev,discard", img, mnt).CombinedOutput(); err != nil {
-		return created, fmt.Errorf("mount disk: %v: %s", err, strings.TrimSpace(string(out)))
+	if out, err := exec.Command("mount", "-t", "ext4", "-o", loopOption()+",nosuid,nodev,discard", img, mnt).CombinedOutput(); err != nil {
+		return created, loopMountError("mount disk", err, out)
 	}
 	ok := false
 	defer func() {
@@ -312,9 +312,9 @@ func (r *Runtime) mountWorkspaceReadOnly(id string) (release func() error, err e
 	}
 	// mount(8) attaches a read-only loop device with autoclear: unmounting
 	// frees it.
-	if out, err := exec.Command("mount", "-t", "ext4", "-o", "ro,noload,nosuid,nodev,noexec,loop", img, mnt).CombinedOutput(); err != nil {
+	if out, err := exec.Command("mount", "-t", "ext4", "-o", "ro,noload,nosuid,nodev,noexec,"+loopOption(), img, mnt).CombinedOutput(); err != nil {
 		os.Remove(mnt)
-		return nil, fmt.Errorf("mount disk read-only: %v: %s", err, strings.TrimSpace(string(out)))
+		return nil, loopMountError("mount disk read-only", err, out)
 	}
 	release = func() error {
 		if err := unmount(mnt); err != nil {

@@ -117,6 +117,7 @@ func (r *Runtime) setup(ctx context.Context, sb Sandbox, start func(context.Cont
 		return err
 	}
 	undo.push(func() { deleteSandboxNet(sb.ID) })
+	r.hang("create-mounted")
 
 	cpus, releaseCPUs := r.chooseCPUs(sb.ID, sb.Limits.VCPUs)
 	defer releaseCPUs() // when Create returns, runsc has made the cgroup or Create failed
@@ -138,6 +139,7 @@ func (r *Runtime) setup(ctx context.Context, sb Sandbox, start func(context.Cont
 	if err := r.create(ctx, sb.ID); err != nil {
 		return err
 	}
+	r.hang("create-created")
 	if err := start(ctx); err != nil {
 		return err
 	}

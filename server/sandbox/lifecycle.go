@@ -232,6 +232,7 @@ func (m *Manager) Provision(ctx context.Context, p store.Principal, spec Spec) (
 	}
 	m.scrub.forSession(ses.ID, spec.Secrets) // what startLocked uses, without reading them back
 	undo.push(func() { m.scrub.forget(ses.ID) })
+	m.hang("provision-inserted")
 	if err := m.startLocked(ctx, ses, z, false, &undo); err != nil {
 		if errors.Is(err, errdefs.ErrUnprocessable) {
 			return store.Session{}, err // the clone failed: the client's to fix
@@ -434,6 +435,9 @@ func (m *Manager) startLocked(ctx context.Context, ses *store.Session, z config.
 			m.log.Error("undo create", "session", ses.SessionID, "err", err)
 		}
 	})
+	if !resumed {
+		m.hang("provision-started")
+	}
 	// Its secrets join the scrubber of text no session can be told from
 	// (the standard library's log lines) before the sandbox can reach out.
 	m.Scrubber(ses.ID)

@@ -85,7 +85,10 @@ func (m *Manager) orgSaveLock(org string) *sync.Mutex {
 // server exactly there. Steps: save-frozen, save-writing, save-recorded,
 // save-destroyed, restore-reading, restore-done; pause-frozen (image
 // written, not yet admitted), pause-released, resume-loaded (before the
-// restore), resume-restored. Empty in production.
+// restore), resume-restored; provision-inserted (the row, nothing made
+// yet), provision-started (the sandbox runs, the row still says
+// provisioning); the driver's create-mounted and create-created (package
+// runsc). Empty in production.
 var hangAt = os.Getenv("SANDBOXD_TEST_HANG_AT")
 
 func (m *Manager) hang(step string) {
