@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -110,7 +111,10 @@ func makeDisk(img string, diskMiB int64) error {
 	}
 	out, err := exec.Command("mkfs.ext4", "-q", "-F", "-m", "0", "-E", "lazy_itable_init=1,lazy_journal_init=1", img).CombinedOutput()
 	if err != nil {
-		return fmt.Errorf("mkfs disk: %v: %s", err, strings.TrimSpace(string(out)))
+		if strings.Contains(string(out), "No space left on device") {
+			err = syscall.ENOSPC // the host's disk is full
+		}
+		return fmt.Errorf("mkfs disk: %w: %s", err, strings.TrimSpace(string(out)))
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -238,6 +239,9 @@ func (m *Manager) Provision(ctx context.Context, p store.Principal, spec Spec) (
 			return store.Session{}, err // the clone failed: the client's to fix
 		}
 		m.log.Error("provision failed", "session", ses.SessionID, "container", ses.ContainerID, "err", err)
+		if f := HostFault(err, "nothing was kept"); f != nil {
+			return store.Session{}, f
+		}
 		return store.Session{}, errdefs.Unavailable("the sandbox could not be started; nothing was kept, retry with the same sessionId")
 	}
 	return *ses, nil
@@ -303,6 +307,12 @@ func (m *Manager) Resume(ctx context.Context, orgID, sessionID string) (_ store.
 	})
 	if err := m.prepareDiskLocked(ctx, ses); err != nil {
 		m.log.Error("restore failed", "session", ses.SessionID, "err", err)
+		if pe, ok := errdefs.Public(err); ok {
+			return store.Session{}, pe // damaged, or lost
+		}
+		if f := HostFault(err, "the session stays stopped with its workspace kept"); f != nil {
+			return store.Session{}, f
+		}
 		return store.Session{}, errdefs.Unavailable("the session's saved workspace could not be restored; the session stays stopped, retry the resume")
 	}
 	m.hang("restore-done")
@@ -310,6 +320,9 @@ func (m *Manager) Resume(ctx context.Context, orgID, sessionID string) (_ store.
 		m.log.Error("resume failed", "session", ses.SessionID, "container", ses.ContainerID, "err", err)
 		if errors.Is(err, errDiskLost) {
 			return store.Session{}, err
+		}
+		if f := HostFault(err, "the session stays stopped with its workspace kept"); f != nil {
+			return store.Session{}, f
 		}
 		return store.Session{}, errdefs.Unavailable("the sandbox could not be started; the session is stopped with its workspace kept, retry the resume")
 	}
@@ -467,6 +480,19 @@ func (m *Manager) stopLocked(ses *store.Session) {
 	m.stopEgress(ses)
 }
 
+// HostFault is the public error of a step that a limit of the host
+// stopped: no loop device left for a disk image, or the data dir's disk
+// full; nil for any other error. what says what became of the session.
+func HostFault(err error, what string) error {
+	switch {
+	case errors.Is(err, runsc.ErrNoLoopDevice):
+		return errdefs.Unavailable("this server has no free loop device for the session's disk; %s, retry later", what).WithCause(err)
+	case errors.Is(err, syscall.ENOSPC):
+		return errdefs.Unavailable("this server's disk is full; %s, retry later", what).WithCause(err)
+	}
+	return nil
+}
+
 // errDiskLost: a resume found neither the session's disk on this node nor
 // a save to restore it from. Starting on an empty disk would hide the loss
 // (and the next teardown would save the emptiness over nothing).
@@ -550,6 +576,9 @@ func (m *Manager) stopSessionLocked(ctx context.Context, ses *store.Session, sav
 				return res, err
 			}
 			m.log.Error("save", "session", ses.SessionID, "err", err)
+			if f := HostFault(err, "the session could not be saved and keeps its data"); f != nil {
+				return res, f
+			}
 			return res, errdefs.Unavailable("the session could not be saved; it keeps its data, retry the teardown")
 		}
 		res.SavedBytes = ses.Saved.Bytes
