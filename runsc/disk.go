@@ -62,7 +62,10 @@ func (r *Runtime) mountDisk(id, image string, diskMiB int64) (created bool, err 
 	// mount(8) sets up the loop device with autoclear, so unmounting frees it.
 	// discard: blocks the sandbox frees are punched out of the sparse
 	// disk.img, so deleting a file gives its space back to the host too.
-	if out, err := exec.Command("mount", "-t", "ext4", "-o", loopOption()+",nosuid,nodev,discard", img, mnt).CombinedOutput(); err != nil {
+	// noatime: reading writes nothing, so a sandbox that only reads is not
+	// hurt when the host's disk is full (an access time update that
+	// cannot be written aborts the disk's journal: it turns read-only).
+	if out, err := exec.Command("mount", "-t", "ext4", "-o", loopOption()+",nosuid,nodev,discard,noatime", img, mnt).CombinedOutput(); err != nil {
 		return created, loopMountError("mount disk", err, out)
 	}
 	ok := false
