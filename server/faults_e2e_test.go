@@ -30,6 +30,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	_ "modernc.org/sqlite"
 
 	"sandboxd/server/config"
@@ -662,4 +663,144 @@ func TestRealFaultsNoLoopDevice(t *testing.T) {
 	}
 	p.stop(syscall.SIGTERM)
 	integrityCheck(t, cfg)
+}
+
+// fillDisk takes the free space of the file system at dir but keep bytes
+// with a file, and returns its path.
+func fillDisk(t *testing.T, dir string, keep int64) string {
+	t.Helper()
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.CreateTemp(dir, "filler-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if n := int64(st.Bavail)*st.Bsize - keep; n > 0 {
+		if err := unix.Fallocate(int(f.Fd()), 0, 0, n); err != nil {
+			t.Fatalf("fill: %v", err)
+		}
+	}
+	if keep == 0 { // what fallocate's rounding left
+		buf := make([]byte, 64<<10)
+		for {
+			if _, err := f.Write(buf); err != nil {
+				break
+			}
+		}
+	}
+	return f.Name()
+}
+
+// TestRealFaultsDataDirFull runs a server whose data dir is a small
+// tmpfs, fills it, and checks: a provision is refused with a clear 503
+// (first by the free-space check, then, with the check off, by the real
+// ENOSPC of making its disk) and leaves nothing; a teardown whose save
+// cannot be written answers a clear 503 and the session runs on with its
+// data; running sessions keep serving; the database stays intact; once
+// space is freed, everything works and no byte was lost.
+func TestRealFaultsDataDirFull(t *testing.T) {
+	cfg := realConfig(t)
+	if err := unix.Mount("tmpfs", cfg.DataDir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "size=400m,mode=0700"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		assertNoLeftovers(t, cfg) // before the unmount hides what is left
+		if err := unix.Unmount(cfg.DataDir, 0); err != nil {
+			t.Errorf("unmount the data dir: %v", err)
+			unix.Unmount(cfg.DataDir, unix.MNT_DETACH)
+		}
+	})
+	cfg.Limits.MinFreeDiskMiB = 64
+	h := startServer(t, cfg)
+	for _, id := range []string{"df-a", "df-b"} {
+		h.provision(id, "test-tiny")
+		// df-a's save (random bytes do not compress) will not fit.
+		if r := h.sh(id, "head -c 24M /dev/urandom > /workspace/r.bin && sha256sum /workspace/r.bin > /workspace/r.sum && sync"); r.ExitCode != 0 {
+			t.Fatalf("%s: %+v", id, r)
+		}
+	}
+	org := h.get("df-a").OrgID
+	check := func(what string, code int, b []byte, want string) {
+		t.Helper()
+		ecode, msg := errorOf(b)
+		if code != 503 || ecode != "unavailable" || !strings.Contains(msg, want) || strings.Contains(msg, cfg.DataDir) {
+			t.Fatalf("%s: %d %s", what, code, b)
+		}
+	}
+	nothingOf := func(id string) {
+		t.Helper()
+		if code, b := h.call(h.token, "GET", "/v1/sandbox/"+id, nil); code != 404 {
+			t.Fatalf("%s: %d %s", id, code, b)
+		}
+		cid := cidOf(cfg, org, id)
+		if left := hostResources(t, cfg, cid); len(left) > 0 {
+			t.Fatalf("%s: left on the host: %v", id, left)
+		}
+		if _, err := os.Stat(filepath.Join(cfg.DataDir, "sandboxes", cid)); err == nil {
+			t.Fatalf("%s: sandbox dir left", id)
+		}
+	}
+	serving := func() {
+		t.Helper()
+		for _, id := range []string{"df-a", "df-b"} {
+			if r := h.sh(id, "cd /workspace && sha256sum -c r.sum"); r.ExitCode != 0 {
+				t.Fatalf("%s: %+v", id, r)
+			}
+			if o := h.get(id); o.Status != "running" {
+				t.Fatalf("%s: %+v", id, o)
+			}
+		}
+	}
+
+	// Nearly full: the free-space check refuses.
+	f1 := fillDisk(t, cfg.DataDir, 16<<20)
+	code, b := h.call(h.token, "POST", "/v1/sandbox", map[string]any{"sessionId": "df-c", "size": "test-tiny"})
+	check("provision, nearly full", code, b, "disk")
+	nothingOf("df-c")
+	code, b = h.call(h.token, "POST", "/v1/sandbox/df-a/teardown", nil)
+	check("teardown, the save does not fit", code, b, "disk is full")
+	serving()
+
+	// Full, and no check: the disk's own ENOSPC.
+	h.close()
+	cfg.Limits.MinFreeDiskMiB = 0
+	h = startServer(t, cfg)
+	f2 := fillDisk(t, cfg.DataDir, 0)
+	code, b = h.call(h.token, "POST", "/v1/sandbox", map[string]any{"sessionId": "df-c", "size": "test-tiny"})
+	t.Logf("provision, full: %d %s", code, b)
+	check("provision, full", code, b, "disk is full")
+	nothingOf("df-c")
+	code, b = h.call(h.token, "POST", "/v1/sandbox/df-a/teardown", nil)
+	t.Logf("teardown, full: %d %s", code, b)
+	check("teardown, full", code, b, "disk is full")
+	if m, _ := filepath.Glob(filepath.Join(config.StorageDir(cfg.DataDir), "*", ".tmp-*")); len(m) > 0 {
+		t.Fatalf("partial save left: %v", m)
+	}
+	serving()
+	// A sandbox writing to its disk meanwhile: its (sparse) disk image
+	// cannot grow.
+	r := h.sh("df-b", "dd if=/dev/urandom of=/workspace/w.bin bs=1M count=8 2>&1 | tail -1; sync; echo rc=$?")
+	t.Logf("a write in a sandbox while the host disk is full: %+v", r)
+	integrityCheck(t, cfg)
+
+	// Space again: nothing was lost.
+	os.Remove(f1)
+	os.Remove(f2)
+	h.teardownOK("df-a")
+	h.resumeOK("df-a")
+	h.provision("df-c", "test-tiny")
+	serving()
+	if r := h.sh("df-b", "echo fine > /workspace/after.txt && sync && cat /workspace/after.txt"); r.Stdout != "fine\n" {
+		t.Fatalf("df-b writes after the disk was full: %+v", r)
+	}
+	integrityCheck(t, cfg)
+	for _, id := range []string{"df-a", "df-b", "df-c"} {
+		if code, b := h.call(h.token, "DELETE", "/v1/sandbox/"+id, nil); code != 204 {
+			t.Fatalf("delete %s: %d %s", id, code, b)
+		}
+	}
+	h.close()
 }
