@@ -27,8 +27,8 @@ import (
 	"regexp"
 	"runtime"
 	"strings"
-	"syscall"
 	"sync"
+	"syscall"
 	"time"
 
 	"modernc.org/sqlite"
