@@ -198,7 +198,7 @@ func (m *Manager) Provision(ctx context.Context, p store.Principal, spec Spec) (
 		return fail(err)
 	}
 	ses.EgressBytesLimit = egressCap(pl, ses.EgressBytesLimit)
-	if err := m.checkDisk(); err != nil {
+	if err := m.checkStart(); err != nil {
 		return fail(err)
 	}
 	if err := m.reserve(ses.OrgID, ses.MemoryMiB, pl); err != nil {
@@ -287,7 +287,7 @@ func (m *Manager) Resume(ctx context.Context, orgID, sessionID string) (_ store.
 	if err != nil {
 		return store.Session{}, err
 	}
-	if err := m.checkDisk(); err != nil {
+	if err := m.checkStart(); err != nil {
 		return store.Session{}, err
 	}
 	if err := m.reserve(ses.OrgID, ses.MemoryMiB, pl); err != nil {
@@ -329,9 +329,13 @@ func (m *Manager) Resume(ctx context.Context, orgID, sessionID string) (_ store.
 	return *ses, nil
 }
 
-// checkDisk refuses a start when the data dir's file system is nearly full
-// (sandbox disks are sparse and grow as they are written).
-func (m *Manager) checkDisk() error {
+// checkStart refuses a start that cannot succeed: no image, or the data
+// dir's file system nearly full (sandbox disks are sparse and grow as
+// they are written).
+func (m *Manager) checkStart() error {
+	if m.noImg != nil {
+		return m.noImg
+	}
 	var st unix.Statfs_t
 	if err := unix.Statfs(m.data, &st); err != nil {
 		return nil
