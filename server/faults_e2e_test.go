@@ -33,6 +33,7 @@ import (
 	"golang.org/x/sys/unix"
 	_ "modernc.org/sqlite"
 
+	"sandboxd/runsc/image"
 	"sandboxd/server/config"
 )
 
@@ -803,4 +804,111 @@ func TestRealFaultsDataDirFull(t *testing.T) {
 		}
 	}
 	h.close()
+}
+
+// TestRealFaultsImageBuild restarts a server with a recipe whose build
+// fails (its mirror refuses connections) and autoBuild on: the server
+// comes up anyway and says why in its log; what needs no new sandbox
+// works (a running session's commands and files, a stopped one's files,
+// listings, audit); provisions and resumes answer a clear 503 and make
+// nothing; the failed build leaves nothing in the image cache (no build
+// dir, no mount, no lock held); with the recipe fixed, everything starts.
+func TestRealFaultsImageBuild(t *testing.T) {
+	cfg := realConfig(t)
+	// An image cache of its own, with the default image linked in.
+	cache := t.TempDir()
+	r, err := cfg.ImageRecipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(cfg.Image.CacheDir, r.Key()), filepath.Join(cache, r.Key())); err != nil {
+		t.Fatal(err)
+	}
+	good := procOpts{image: fmt.Sprintf("image:\n  cacheDir: %s\n  autoBuild: false\n", cache)}
+	p := startProcWith(t, cfg, good)
+	h := p.h
+	h.provision("ib-run", "standard-1")
+	h.sh("ib-run", "echo running-file > /workspace/f.txt")
+	h.provision("ib-stop", "standard-1")
+	h.sh("ib-stop", "echo stopped-file > /workspace/f.txt")
+	h.teardownOK("ib-stop")
+	p.stop(syscall.SIGTERM)
+
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mirror := "http://" + l.Addr().String() + "/debian"
+	l.Close() // refuses connections
+	t0 := time.Now()
+	p = startProcWith(t, cfg, procOpts{image: fmt.Sprintf("image:\n  cacheDir: %s\n  autoBuild: true\n  mirror: %s\n", cache, mirror)})
+	h = p.h
+	t.Logf("up after %v with a failed build", time.Since(t0))
+	if log, _ := os.ReadFile(filepath.Join(cfg.DataDir, "server.log")); !strings.Contains(string(log), "image build failed") {
+		t.Fatalf("the log does not say: %s", log)
+	}
+	noImage := func(what string, code int, b []byte) {
+		t.Helper()
+		ecode, msg := errorOf(b)
+		if code != 503 || ecode != "unavailable" || !strings.Contains(msg, "no sandbox image") {
+			t.Fatalf("%s: %d %s", what, code, b)
+		}
+	}
+	code, b := h.call(h.token, "POST", "/v1/sandbox", map[string]any{"sessionId": "ib-new", "size": "standard-1"})
+	noImage("provision", code, b)
+	if code, _ := h.call(h.token, "GET", "/v1/sandbox/ib-new", nil); code != 404 {
+		t.Fatalf("row left: %d", code)
+	}
+	if left := hostResources(t, cfg, cidOf(cfg, h.get("ib-run").OrgID, "ib-new")); len(left) > 0 {
+		t.Fatalf("left on the host: %v", left)
+	}
+	code, b = h.call(h.token, "POST", "/v1/sandbox/ib-stop/resume", nil)
+	noImage("resume", code, b)
+	if o := h.get("ib-stop"); o.Status != "stopped" {
+		t.Fatalf("after the resume: %+v", o)
+	}
+	if r := h.sh("ib-run", "cat /workspace/f.txt"); r.Stdout != "running-file\n" {
+		t.Fatalf("running session: %+v", r)
+	}
+	for _, id := range []string{"ib-run", "ib-stop"} {
+		code, b := h.call(h.token, "GET", "/v1/sandbox/"+id+"/files?path=/workspace/f.txt", nil)
+		if code != 200 || !strings.Contains(string(b), "-file") {
+			t.Fatalf("%s: files: %d %s", id, code, b)
+		}
+	}
+	if len(h.audit("ib-new", "sandbox.provision")) != 1 {
+		t.Fatal("the refused provision is not audited")
+	}
+	// Nothing of the build is left.
+	ents, _ := os.ReadDir(cache)
+	for _, e := range ents {
+		if e.Name() != r.Key() && e.Name() != ".lock" {
+			t.Fatalf("left in the image cache: %s", e.Name())
+		}
+	}
+	mi, _ := os.ReadFile("/proc/self/mountinfo")
+	for _, line := range strings.Split(string(mi), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], cache+"/") {
+			t.Fatalf("mount left in the image cache: %s", line)
+		}
+	}
+	if image.Building(cache) {
+		t.Fatal("the image cache is still locked")
+	}
+	p.stop(syscall.SIGTERM)
+
+	p = startProcWith(t, cfg, good)
+	h = p.h
+	h.resumeOK("ib-stop")
+	h.provision("ib-new", "standard-1")
+	if r := h.sh("ib-stop", "cat /workspace/f.txt"); r.Stdout != "stopped-file\n" {
+		t.Fatalf("after resume: %+v", r)
+	}
+	for _, id := range []string{"ib-run", "ib-stop", "ib-new"} {
+		if code, b := h.call(h.token, "DELETE", "/v1/sandbox/"+id, nil); code != 204 {
+			t.Fatalf("delete %s: %d %s", id, code, b)
+		}
+	}
+	p.stop(syscall.SIGTERM)
+	integrityCheck(t, cfg)
 }
