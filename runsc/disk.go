@@ -51,6 +51,8 @@ func (r *Runtime) mountDisk(id, image string, diskMiB int64) (created bool, err 
 			return false, err
 		}
 		created = true
+	} else if err := repairDisk(img); err != nil {
+		return false, err
 	}
 	mnt := filepath.Join(d, "disk")
 	rootfs := filepath.Join(d, "rootfs")
@@ -120,6 +122,50 @@ func makeDisk(img string, diskMiB int64) error {
 		return fmt.Errorf("mkfs disk: %w: %s", err, strings.TrimSpace(string(out)))
 	}
 	return nil
+}
+
+// repairDisk checks an existing disk image before it is mounted
+// read-write (e2fsck -p: it only reads the superblock of a disk that was
+// unmounted cleanly). A disk whose journal aborted (a write to it failed:
+// the host's disk was full) or that a host crash left unclean is replayed
+// and repaired as far as is safe without questions; what e2fsck cannot
+// repair alone fails the start.
+func repairDisk(img string) error {
+	out, err := exec.Command("e2fsck", "-p", img).CombinedOutput()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) && ee.ExitCode() < 4 { // 1, 2: errors corrected
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("check disk: %v: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// diskFailed reports whether a sandbox's mounted disk failed: ext4
+// recorded an error on it (errors_count in sysfs: its journal aborted
+// after a failed write, it found corruption), or it is read-only (a
+// running sandbox's disk is mounted read-write, so the kernel turned it;
+// kernels since 6.x mark an aborted ext4 emergency_ro instead, which
+// statfs does not show). A few syscalls: the monitor asks it of every
+// running sandbox every few seconds. See State.DiskFailed.
+func (r *Runtime) diskFailed(id string) bool {
+	mnt := filepath.Join(r.dir(id), "disk")
+	var st, parent unix.Stat_t
+	if unix.Stat(mnt, &st) != nil || unix.Stat(filepath.Dir(mnt), &parent) != nil || st.Dev == parent.Dev {
+		return false // not mounted
+	}
+	var sfs unix.Statfs_t
+	if unix.Statfs(mnt, &sfs) == nil && sfs.Flags&unix.ST_RDONLY != 0 {
+		return true
+	}
+	dev, err := os.Readlink(fmt.Sprintf("/sys/dev/block/%d:%d", unix.Major(st.Dev), unix.Minor(st.Dev)))
+	if err != nil {
+		return false
+	}
+	b, err := os.ReadFile(filepath.Join("/sys/fs/ext4", filepath.Base(dev), "errors_count"))
+	n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	return err == nil && n > 0
 }
 
 // unmountDisk unmounts the root overlay and the disk. It fails (and the

@@ -32,6 +32,10 @@ type State struct {
 	Status   Status
 	Pid      int   // host pid of the sandbox process (0 if none)
 	OOMKills int64 // OOM kills recorded by the sandbox's memory cgroup
+	// DiskFailed: the sandbox runs, but the kernel turned its disk
+	// read-only (its journal aborted: a write to disk.img failed, e.g.
+	// the host's disk was full). It stays so until the disk is unmounted.
+	DiskFailed bool
 }
 
 // undoStack runs registered undo steps in reverse order (Create runs it
@@ -352,7 +356,7 @@ func (r *Runtime) Inspect(ctx context.Context, id string) (State, error) {
 	// take more CPU than the node has. Anything else asks runsc.
 	if v, ok := r.running.Load(id); ok {
 		if pid := v.(int); r.isSandboxProcess(pid, id) {
-			return State{ID: id, Pid: pid, Status: StatusRunning, OOMKills: r.cg.oomKills(id)}, nil
+			return State{ID: id, Pid: pid, Status: StatusRunning, OOMKills: r.cg.oomKills(id), DiskFailed: r.diskFailed(id)}, nil
 		}
 		r.running.Delete(id)
 	}
@@ -383,6 +387,7 @@ func (r *Runtime) check(st runscState) State {
 		if !r.isSandboxProcess(st.Pid, st.ID) {
 			s.Status = StatusStopped
 		}
+		s.DiskFailed = s.Status == StatusRunning && r.diskFailed(st.ID)
 	default:
 		s.Status = StatusStopped
 	}

@@ -23,7 +23,7 @@ import (
 //	provisioning -> (row removed)      (create failed: every step undone)
 //	running      -> stopping -> stopped (teardown: saved, the disk kept as a cache)
 //	stopping     -> running            (the save failed, e.g. quota: the sandbox runs on)
-//	running      -> failed             (sandbox died: oom, exited)
+//	running      -> failed             (sandbox died: oom, exited; its disk failed: disk_error)
 //	failed       -> stopping -> stopped (teardown releases what is left)
 //	stopped      -> provisioning -> running (resume on the kept disk)
 //	provisioning -> stopped            (resume failed: the disk is kept)
@@ -712,7 +712,8 @@ func deathReason(oom bool) string {
 }
 
 // markDeadLocked records that a running sandbox died (reason "oom" or
-// "exited") and releases its host resources, keeping its disk.
+// "exited"), or that its disk failed ("disk_error": it is stopped), and
+// releases its host resources, keeping its disk.
 func (m *Manager) markDeadLocked(ctx context.Context, ses *store.Session, reason string) {
 	if ses.Status != store.StatusRunning {
 		return
@@ -748,10 +749,16 @@ func (m *Manager) checkAliveLocked(ctx context.Context, ses *store.Session) {
 		m.log.Warn("inspect sandbox", "session", ses.SessionID, "err", err)
 		return
 	}
-	if st.Status == runsc.StatusRunning && st.OOMKills == 0 {
+	if st.Status == runsc.StatusRunning && st.OOMKills == 0 && !st.DiskFailed {
 		return
 	}
-	m.markDeadLocked(ctx, ses, deathReason(st.OOMKills > 0))
+	reason := deathReason(st.OOMKills > 0)
+	if st.Status == runsc.StatusRunning && st.OOMKills == 0 {
+		// Nothing it writes can be kept any more; a resume mounts the disk
+		// again (checked and repaired first).
+		reason = "disk_error"
+	}
+	m.markDeadLocked(ctx, ses, reason)
 }
 
 // NoteDead checks a session whose command failed as if its sandbox were
