@@ -136,6 +136,21 @@ func (h *harness) audit(sessionID, action string) []map[string]any {
 	return out.Records
 }
 
+// auditEventually waits for the one record of a system action (they are
+// written in batches) and checks its details.
+func (h *harness) auditEventually(id, action, details string) {
+	h.t.Helper()
+	for start := time.Now(); ; time.Sleep(100 * time.Millisecond) {
+		recs := h.audit(id, action)
+		if len(recs) == 1 && fmt.Sprint(recs[0]["details"]) == details {
+			return
+		}
+		if len(recs) > 1 || time.Since(start) > 10*time.Second {
+			h.t.Fatalf("audit of %s %s: %+v", id, action, recs)
+		}
+	}
+}
+
 // postJSONAsync sends a request the server will never answer (it hangs,
 // then dies); errors are expected.
 func (p *serverProc) postJSONAsync(path string, body any) {
@@ -164,12 +179,21 @@ func errorOf(b []byte) (code, msg string) {
 // provisioning (here it is undone: 404, the id free again), nothing of its
 // sandbox is left on the host, the undo is audited, and a session that
 // ran meanwhile keeps running with its files.
+// make test runs the two steps after which the most is there to undo;
+// TestHardeningFaultsKill9Provision (make test-hardening) the others.
 func TestRealFaultsKill9Provision(t *testing.T) {
-	cfg := realConfig(t)
-	steps := []string{"create-created", "provision-started"}
-	if hardening() {
-		steps = []string{"provision-inserted", "create-mounted", "create-created", "provision-started"}
+	kill9Provision(t, "create-created", "provision-started")
+}
+
+func TestHardeningFaultsKill9Provision(t *testing.T) {
+	if !hardening() {
+		t.Skip("SANDBOXD_HARDENING=1 (make test-hardening)")
 	}
+	kill9Provision(t, "provision-inserted", "create-mounted")
+}
+
+func kill9Provision(t *testing.T, steps ...string) {
+	cfg := realConfig(t)
 	p := startProc(t, cfg, "")
 	p.h.provision("bystander", "standard-1")
 	p.h.sh("bystander", "echo kept > /workspace/kept")
@@ -183,7 +207,7 @@ func TestRealFaultsKill9Provision(t *testing.T) {
 		waitHang(t, cfg, step)
 		made := hostResources(t, cfg, cid)
 		t.Logf("%s: the host holds %v", step, made)
-		if step == "create-created" && len(made) < 3 {
+		if (step == "create-created" || step == "provision-started") && len(made) < 5 {
 			t.Fatalf("%s: the step made only %v", step, made)
 		}
 		p.stop(syscall.SIGKILL)
@@ -457,9 +481,7 @@ func TestRealFaultsRunscKilled(t *testing.T) {
 	if o.StatusReason == nil || *o.StatusReason != "exited" {
 		t.Fatalf("reason: %+v", o.StatusReason)
 	}
-	if recs := h.audit("rk1", "sandbox.failed"); len(recs) != 1 || fmt.Sprint(recs[0]["details"]) != "map[reason:exited]" {
-		t.Fatalf("audit: %+v", recs)
-	}
+	h.auditEventually("rk1", "sandbox.failed", "map[reason:exited]")
 	if logs := h.logsText("rk1"); !strings.Contains(logs, `"exit"`) {
 		t.Fatalf("no exit event in the log: %s", logs)
 	}
@@ -756,6 +778,23 @@ func TestRealFaultsDataDirFull(t *testing.T) {
 		}
 	}
 
+	// What the sandboxes wrote is on the host's disk (as after ~30 s of
+	// quiet), not only in the host's page cache.
+	diskOf := func(id string) string { return filepath.Join(cfg.DataDir, "sandboxes", cidOf(cfg, org, id), "disk") }
+	syncfs := func(id string) error {
+		f, err := os.Open(diskOf(id))
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		return unix.Syncfs(int(f.Fd()))
+	}
+	for _, id := range []string{"df-a", "df-b"} {
+		if err := syncfs(id); err != nil {
+			t.Fatal(err)
+		}
+	}
+
 	// Nearly full: the free-space check refuses.
 	f1 := fillDisk(t, cfg.DataDir, 16<<20)
 	code, b := h.call(h.token, "POST", "/v1/sandbox", map[string]any{"sessionId": "df-c", "size": "test-tiny"})
@@ -781,15 +820,39 @@ func TestRealFaultsDataDirFull(t *testing.T) {
 		t.Fatalf("partial save left: %v", m)
 	}
 	serving()
-	// A sandbox writing to its disk meanwhile: its (sparse) disk image
-	// cannot grow.
-	r := h.sh("df-b", "dd if=/dev/urandom of=/workspace/w.bin bs=1M count=8 2>&1 | tail -1; sync; echo rc=$?")
-	t.Logf("a write in a sandbox while the host disk is full: %+v", r)
+	// A sandbox that writes meanwhile: its (sparse) disk image cannot
+	// grow. What it wrote then is lost (the host reports the write-back
+	// failed), and the kernel may abort its disk's journal: then the
+	// monitor fails the session (disk_error), see TestRealFaultsDiskAborted.
+	r := h.sh("df-b", "dd if=/dev/urandom of=/workspace/w.bin bs=1M count=8 2>&1 | tail -1")
+	t.Logf("a write in a sandbox while the host disk is full: %+v; written back: %v", r, syncfs("df-b"))
 	integrityCheck(t, cfg)
 
-	// Space again: nothing was lost.
+	// Space again: nothing written before was lost; df-b runs on, or was
+	// failed for its disk and resumes.
 	os.Remove(f1)
 	os.Remove(f2)
+	for start := time.Now(); ; time.Sleep(500 * time.Millisecond) {
+		if o := h.get("df-b"); o.Status == "failed" {
+			if o.StatusReason == nil || *o.StatusReason != "disk_error" {
+				t.Fatalf("df-b: %+v", o)
+			}
+			t.Logf("df-b failed: disk_error")
+			h.resumeOK("df-b")
+			break
+		}
+		r := h.sh("df-b", "echo probe > /workspace/probe.txt 2>&1")
+		if r.ExitCode == 0 && time.Since(start) > 7*time.Second { // a monitor round
+			break
+		}
+		if time.Since(start) > 30*time.Second {
+			b, _ := os.ReadFile("/proc/self/mountinfo")
+			t.Fatalf("df-b cannot write and is not failed: %+v\n%s", r, b)
+		}
+	}
+	if o := h.get("df-a"); o.Status != "running" {
+		t.Fatalf("df-a: %+v", o)
+	}
 	h.teardownOK("df-a")
 	h.resumeOK("df-a")
 	h.provision("df-c", "test-tiny")
@@ -910,5 +973,71 @@ func TestRealFaultsImageBuild(t *testing.T) {
 		}
 	}
 	p.stop(syscall.SIGTERM)
+	integrityCheck(t, cfg)
+}
+
+// TestRealFaultsDiskAborted aborts the journal of a running sandbox's disk
+// with ext4's own abort (what the kernel does when a write to disk.img
+// fails, e.g. the host's disk full; mount -o remount,abort is the fault
+// injection, the rest is real): the sandbox cannot write any more, so
+// within the monitor's period the session is failed with the reason
+// disk_error and released; another session runs on; a resume checks and
+// repairs the disk (e2fsck) and brings back what was written before.
+func TestRealFaultsDiskAborted(t *testing.T) {
+	cfg := realConfig(t)
+	h := startServer(t, cfg)
+	h.provision("da1", "test-tiny")
+	h.provision("da2", "test-tiny")
+	if r := h.sh("da1", "head -c 4M /dev/urandom > /workspace/r.bin && sha256sum /workspace/r.bin > /workspace/r.sum && sync"); r.ExitCode != 0 {
+		t.Fatalf("%+v", r)
+	}
+	cid := cidOf(cfg, h.get("da1").OrgID, "da1")
+	disk := filepath.Join(cfg.DataDir, "sandboxes", cid, "disk")
+	f, err := os.Open(disk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unix.Syncfs(int(f.Fd())) // on the host's disk, as after ~30 s of quiet
+	f.Close()
+	if out, err := runCmd("mount", "-o", "remount,abort", disk); err != nil {
+		t.Fatalf("abort: %v %s", err, out)
+	}
+	start := time.Now()
+	if r := h.sh("da1", "echo x > /workspace/after.txt"); r.ExitCode == 0 {
+		t.Logf("a write after the abort succeeded: %+v", r)
+	}
+	var o sandboxObject
+	for {
+		if o = h.get("da1"); o.Status == "failed" {
+			break
+		}
+		if time.Since(start) > 20*time.Second {
+			t.Fatalf("not failed after %v: %+v", time.Since(start), o)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Logf("failed after %v", time.Since(start))
+	if o.StatusReason == nil || *o.StatusReason != "disk_error" {
+		t.Fatalf("reason: %+v", o.StatusReason)
+	}
+	h.auditEventually("da1", "sandbox.failed", "map[reason:disk_error]")
+	for left := hostResources(t, cfg, cid); len(left) > 0; left = hostResources(t, cfg, cid) {
+		if time.Since(start) > 60*time.Second {
+			t.Fatalf("a failed session holds %v", left)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if r := h.sh("da2", "echo other"); r.Stdout != "other\n" {
+		t.Fatalf("other session: %+v", r)
+	}
+	h.resumeOK("da1")
+	if r := h.sh("da1", "cd /workspace && sha256sum -c r.sum && echo y > y.txt && cat y.txt"); r.ExitCode != 0 || !strings.HasSuffix(r.Stdout, "y\n") {
+		t.Fatalf("after resume: %+v", r)
+	}
+	// Running again, with a clean disk: not failed again.
+	time.Sleep(7 * time.Second)
+	if o := h.get("da1"); o.Status != "running" {
+		t.Fatalf("after resume: %+v", o)
+	}
 	integrityCheck(t, cfg)
 }
