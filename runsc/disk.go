@@ -125,12 +125,15 @@ func makeDisk(img string, diskMiB int64) error {
 }
 
 // repairDisk checks an existing disk image before it is mounted
-// read-write (e2fsck -p: it only reads the superblock of a disk that was
-// unmounted cleanly). A disk whose journal aborted (a write to it failed:
-// the host's disk was full) or that a host crash left unclean is replayed
-// and repaired as far as is safe without questions; what e2fsck cannot
-// repair alone fails the start.
+// read-write. A disk unmounted cleanly is not touched (its superblock says
+// so); one whose journal aborted (a write to it failed: the host's disk
+// was full), that recorded errors, or that a host crash left unclean is
+// replayed and repaired by e2fsck -p, as far as is safe without
+// questions; what e2fsck cannot repair alone fails the start.
 func repairDisk(img string) error {
+	if clean, err := diskClean(img); err != nil || clean {
+		return err
+	}
 	out, err := exec.Command("e2fsck", "-p", img).CombinedOutput()
 	var ee *exec.ExitError
 	if errors.As(err, &ee) && ee.ExitCode() < 4 { // 1, 2: errors corrected
@@ -140,6 +143,36 @@ func repairDisk(img string) error {
 		return fmt.Errorf("check disk: %v: %s", err, strings.TrimSpace(string(out)))
 	}
 	return nil
+}
+
+// diskClean reads an ext4 image's superblock (1024 bytes at 1024): clean
+// is its state valid without errors, no journal to recover and no error
+// recorded. Anything else, or not ext4, is for e2fsck to judge.
+func diskClean(img string) (bool, error) {
+	f, err := os.Open(img)
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	sb := make([]byte, 1024)
+	if _, err := f.ReadAt(sb, 1024); err != nil {
+		return false, nil
+	}
+	le16 := func(o int) uint16 { return uint16(sb[o]) | uint16(sb[o+1])<<8 }
+	le32 := func(o int) uint32 { return uint32(le16(o)) | uint32(le16(o+2))<<16 }
+	const (
+		magic      = 0xEF53
+		validFS    = 0x1 // s_state
+		errorFS    = 0x2
+		recoverFS  = 0x4 // s_feature_incompat: the journal needs replaying
+		offMagic   = 0x38
+		offState   = 0x3A
+		offIncompt = 0x60
+		offErrors  = 0x194 // s_error_count
+	)
+	state := le16(offState)
+	return le16(offMagic) == magic && state&validFS != 0 && state&errorFS == 0 &&
+		le32(offIncompt)&recoverFS == 0 && le32(offErrors) == 0, nil
 }
 
 // diskFailed reports whether a sandbox's mounted disk failed: ext4
