@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -50,6 +51,8 @@ func (r *Runtime) mountDisk(id, image string, diskMiB int64) (created bool, err 
 			return false, err
 		}
 		created = true
+	} else if err := repairDisk(img); err != nil {
+		return false, err
 	}
 	mnt := filepath.Join(d, "disk")
 	rootfs := filepath.Join(d, "rootfs")
@@ -61,8 +64,11 @@ func (r *Runtime) mountDisk(id, image string, diskMiB int64) (created bool, err 
 	// mount(8) sets up the loop device with autoclear, so unmounting frees it.
 	// discard: blocks the sandbox frees are punched out of the sparse
 	// disk.img, so deleting a file gives its space back to the host too.
-	if out, err := exec.Command("mount", "-t", "ext4", "-o", "loop,nosuid,nodev,discard", img, mnt).CombinedOutput(); err != nil {
-		return created, fmt.Errorf("mount disk: %v: %s", err, strings.TrimSpace(string(out)))
+	// noatime: reading writes nothing, so a sandbox that only reads is not
+	// hurt when the host's disk is full (an access time update that
+	// cannot be written aborts the disk's journal: it turns read-only).
+	if out, err := exec.Command("mount", "-t", "ext4", "-o", loopOption()+",nosuid,nodev,discard,noatime", img, mnt).CombinedOutput(); err != nil {
+		return created, loopMountError("mount disk", err, out)
 	}
 	ok := false
 	defer func() {
@@ -110,9 +116,89 @@ func makeDisk(img string, diskMiB int64) error {
 	}
 	out, err := exec.Command("mkfs.ext4", "-q", "-F", "-m", "0", "-E", "lazy_itable_init=1,lazy_journal_init=1", img).CombinedOutput()
 	if err != nil {
-		return fmt.Errorf("mkfs disk: %v: %s", err, strings.TrimSpace(string(out)))
+		if strings.Contains(string(out), "No space left on device") {
+			err = syscall.ENOSPC // the host's disk is full
+		}
+		return fmt.Errorf("mkfs disk: %w: %s", err, strings.TrimSpace(string(out)))
 	}
 	return nil
+}
+
+// repairDisk checks an existing disk image before it is mounted
+// read-write. A disk unmounted cleanly is not touched (its superblock says
+// so); one whose journal aborted (a write to it failed: the host's disk
+// was full), that recorded errors, or that a host crash left unclean is
+// replayed and repaired by e2fsck -p, as far as is safe without
+// questions; what e2fsck cannot repair alone fails the start.
+func repairDisk(img string) error {
+	if clean, err := diskClean(img); err != nil || clean {
+		return err
+	}
+	out, err := exec.Command("e2fsck", "-p", img).CombinedOutput()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) && ee.ExitCode() < 4 { // 1, 2: errors corrected
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("check disk: %v: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// diskClean reads an ext4 image's superblock (1024 bytes at 1024): clean
+// is its state valid without errors, no journal to recover and no error
+// recorded. Anything else, or not ext4, is for e2fsck to judge.
+func diskClean(img string) (bool, error) {
+	f, err := os.Open(img)
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	sb := make([]byte, 1024)
+	if _, err := f.ReadAt(sb, 1024); err != nil {
+		return false, nil
+	}
+	le16 := func(o int) uint16 { return uint16(sb[o]) | uint16(sb[o+1])<<8 }
+	le32 := func(o int) uint32 { return uint32(le16(o)) | uint32(le16(o+2))<<16 }
+	const (
+		magic      = 0xEF53
+		validFS    = 0x1 // s_state
+		errorFS    = 0x2
+		recoverFS  = 0x4 // s_feature_incompat: the journal needs replaying
+		offMagic   = 0x38
+		offState   = 0x3A
+		offIncompt = 0x60
+		offErrors  = 0x194 // s_error_count
+	)
+	state := le16(offState)
+	return le16(offMagic) == magic && state&validFS != 0 && state&errorFS == 0 &&
+		le32(offIncompt)&recoverFS == 0 && le32(offErrors) == 0, nil
+}
+
+// diskFailed reports whether a sandbox's mounted disk failed: ext4
+// recorded an error on it (errors_count in sysfs: its journal aborted
+// after a failed write, it found corruption), or it is read-only (a
+// running sandbox's disk is mounted read-write, so the kernel turned it;
+// kernels since 6.x mark an aborted ext4 emergency_ro instead, which
+// statfs does not show). A few syscalls: the monitor asks it of every
+// running sandbox every few seconds. See State.DiskFailed.
+func (r *Runtime) diskFailed(id string) bool {
+	mnt := filepath.Join(r.dir(id), "disk")
+	var st, parent unix.Stat_t
+	if unix.Stat(mnt, &st) != nil || unix.Stat(filepath.Dir(mnt), &parent) != nil || st.Dev == parent.Dev {
+		return false // not mounted
+	}
+	var sfs unix.Statfs_t
+	if unix.Statfs(mnt, &sfs) == nil && sfs.Flags&unix.ST_RDONLY != 0 {
+		return true
+	}
+	dev, err := os.Readlink(fmt.Sprintf("/sys/dev/block/%d:%d", unix.Major(st.Dev), unix.Minor(st.Dev)))
+	if err != nil {
+		return false
+	}
+	b, err := os.ReadFile(filepath.Join("/sys/fs/ext4", filepath.Base(dev), "errors_count"))
+	n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	return err == nil && n > 0
 }
 
 // unmountDisk unmounts the root overlay and the disk. It fails (and the
@@ -312,9 +398,9 @@ func (r *Runtime) mountWorkspaceReadOnly(id string) (release func() error, err e
 	}
 	// mount(8) attaches a read-only loop device with autoclear: unmounting
 	// frees it.
-	if out, err := exec.Command("mount", "-t", "ext4", "-o", "ro,noload,nosuid,nodev,noexec,loop", img, mnt).CombinedOutput(); err != nil {
+	if out, err := exec.Command("mount", "-t", "ext4", "-o", "ro,noload,nosuid,nodev,noexec,"+loopOption(), img, mnt).CombinedOutput(); err != nil {
 		os.Remove(mnt)
-		return nil, fmt.Errorf("mount disk read-only: %v: %s", err, strings.TrimSpace(string(out)))
+		return nil, loopMountError("mount disk read-only", err, out)
 	}
 	release = func() error {
 		if err := unmount(mnt); err != nil {

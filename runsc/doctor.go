@@ -59,6 +59,7 @@ type HostCommand struct{ Command, Package, Use string }
 var HostCommands = []HostCommand{
 	{"mount", "mount", "loop-mounts sandbox disks"},
 	{"mkfs.ext4", "e2fsprogs", "formats sandbox disks"},
+	{"e2fsck", "e2fsprogs", "checks a sandbox disk before it is mounted again"},
 }
 
 // Check runs every check of the driver for cfg: CheckHost, then cfg's

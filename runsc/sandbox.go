@@ -32,6 +32,10 @@ type State struct {
 	Status   Status
 	Pid      int   // host pid of the sandbox process (0 if none)
 	OOMKills int64 // OOM kills recorded by the sandbox's memory cgroup
+	// DiskFailed: the sandbox runs, but the kernel turned its disk
+	// read-only (its journal aborted: a write to disk.img failed, e.g.
+	// the host's disk was full). It stays so until the disk is unmounted.
+	DiskFailed bool
 }
 
 // undoStack runs registered undo steps in reverse order (Create runs it
@@ -117,6 +121,7 @@ func (r *Runtime) setup(ctx context.Context, sb Sandbox, start func(context.Cont
 		return err
 	}
 	undo.push(func() { deleteSandboxNet(sb.ID) })
+	r.hang("create-mounted")
 
 	cpus, releaseCPUs := r.chooseCPUs(sb.ID, sb.Limits.VCPUs)
 	defer releaseCPUs() // when Create returns, runsc has made the cgroup or Create failed
@@ -138,6 +143,7 @@ func (r *Runtime) setup(ctx context.Context, sb Sandbox, start func(context.Cont
 	if err := r.create(ctx, sb.ID); err != nil {
 		return err
 	}
+	r.hang("create-created")
 	if err := start(ctx); err != nil {
 		return err
 	}
@@ -350,7 +356,7 @@ func (r *Runtime) Inspect(ctx context.Context, id string) (State, error) {
 	// take more CPU than the node has. Anything else asks runsc.
 	if v, ok := r.running.Load(id); ok {
 		if pid := v.(int); r.isSandboxProcess(pid, id) {
-			return State{ID: id, Pid: pid, Status: StatusRunning, OOMKills: r.cg.oomKills(id)}, nil
+			return State{ID: id, Pid: pid, Status: StatusRunning, OOMKills: r.cg.oomKills(id), DiskFailed: r.diskFailed(id)}, nil
 		}
 		r.running.Delete(id)
 	}
@@ -381,6 +387,7 @@ func (r *Runtime) check(st runscState) State {
 		if !r.isSandboxProcess(st.Pid, st.ID) {
 			s.Status = StatusStopped
 		}
+		s.DiskFailed = s.Status == StatusRunning && r.diskFailed(st.ID)
 	default:
 		s.Status = StatusStopped
 	}

@@ -158,8 +158,8 @@ func (r *Runtime) RestoreDisk(ctx context.Context, id string, diskMiB int64, src
 	if err := os.Mkdir(mnt, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
 		return archive.Stats{}, err
 	}
-	if out, err := exec.Command("mount", "-t", "ext4", "-o", "loop,nosuid,nodev,noexec", img, mnt).CombinedOutput(); err != nil {
-		return archive.Stats{}, fmt.Errorf("mount restore disk: %v: %s", err, strings.TrimSpace(string(out)))
+	if out, err := exec.Command("mount", "-t", "ext4", "-o", loopOption()+",nosuid,nodev,noexec", img, mnt).CombinedOutput(); err != nil {
+		return archive.Stats{}, loopMountError("mount restore disk", err, out)
 	}
 	st, err := archive.Unpack(ctx, src, mnt, restoreOptions)
 	if err != nil {

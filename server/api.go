@@ -2,6 +2,7 @@ package server
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -284,11 +285,22 @@ func (s *Server) audited(action string) gin.HandlerFunc {
 			}
 			details["error"] = code
 		}
-		s.db.Audit(store.AuditRecord{
+		s.auditSync(store.AuditRecord{
 			Time: time.Now().UTC(), OrgID: p.Org.ID, UserID: p.User.ID, TokenID: p.TokenID,
 			Action: action, SessionID: c.Param("sessionId"), Outcome: outcome, Status: status,
 			RemoteAddr: c.ClientIP(), RequestID: requestID(c), Details: details,
 		})
+	}
+}
+
+// auditSync writes a request's record before its answer is complete (the
+// handler chain returns after it): a client that got an answer finds it
+// audited, even if the server is killed right after.
+func (s *Server) auditSync(rec store.AuditRecord) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.db.AuditSync(ctx, rec); err != nil {
+		s.log.Error("audit", "action", rec.Action, "err", err)
 	}
 }
 

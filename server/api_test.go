@@ -63,7 +63,7 @@ func newAPIEnvWith(t *testing.T, cfg *config.Config, log *slog.Logger) *apiEnv {
 		t.Fatalf("bootstrap: %v %v", created, err)
 	}
 	rt := &sandboxtest.Runtime{WorkspaceRoot: t.TempDir()}
-	s, err := newServer(cfg, db, rt, "/fake/image", log)
+	s, err := newServer(cfg, db, rt, "/fake/image", nil, log)
 	if err != nil {
 		t.Fatal(err)
 	}

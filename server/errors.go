@@ -8,6 +8,7 @@ import (
 	"github.com/gin-gonic/gin"
 
 	"sandboxd/server/errdefs"
+	"sandboxd/store"
 )
 
 // statusOf is the one map from error classes (errdefs) to HTTP: the status
@@ -15,6 +16,10 @@ import (
 // is internal (500, logged with the request id, never shown).
 func statusOf(err error) (status int, code, msg string) {
 	pe, ok := errdefs.Public(err)
+	if !ok && store.IsDiskFull(err) {
+		// The database (or a file beside it) could not be written.
+		pe, ok = errdefs.Unavailable("this server's disk is full; retry later"), true
+	}
 	if !ok {
 		return http.StatusInternalServerError, "internal", "internal error; see the server log with this request id"
 	}

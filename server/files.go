@@ -14,6 +14,7 @@ import (
 
 	"sandboxd/runsc"
 	"sandboxd/server/errdefs"
+	"sandboxd/server/sandbox"
 	"sandboxd/server/workspace"
 	"sandboxd/store"
 	"sandboxd/streams/scrub"
@@ -95,6 +96,9 @@ func (s *Server) useWorkspace(ctx context.Context, orgID, id string, write bool,
 		dir, release, err := s.rt.OpenWorkspace(ses.ContainerID, readOnly)
 		if errors.Is(err, runsc.ErrNoDisk) {
 			return errdefs.NotFound("the session has no saved workspace")
+		}
+		if f := sandbox.HostFault(err, "its files cannot be read now"); f != nil {
+			return f
 		}
 		if err != nil {
 			return err

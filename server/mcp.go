@@ -418,7 +418,7 @@ func (s *Server) auditToolCall(call *mcpCall, tool string, res mcp.Result, err e
 	if call.caller != nil {
 		c = *call.caller
 	}
-	s.db.Audit(store.AuditRecord{
+	s.auditSync(store.AuditRecord{
 		Time: time.Now().UTC(), OrgID: c.p.Org.ID, UserID: c.p.User.ID, TokenID: c.p.TokenID,
 		Action: action, SessionID: call.sessionID, Outcome: outcome, Status: status,
 		RemoteAddr: c.remoteAddr, RequestID: c.requestID, Details: call.details,

@@ -39,6 +39,7 @@ import (
 	"sandboxd/runsc/image"
 	"sandboxd/server/config"
 	"sandboxd/server/credits"
+	"sandboxd/server/errdefs"
 	"sandboxd/server/portal"
 	"sandboxd/server/procs"
 	"sandboxd/server/sandbox"
@@ -232,17 +233,26 @@ func New(ctx context.Context, cfg *config.Config, out io.Writer) (*Server, error
 		fmt.Fprintf(out, "image: %s (building if missing; the first build takes a few minutes)\n", recipe.Key())
 	}
 	img, err := image.Ensure(ctx, cfg.Image.CacheDir, recipe, cfg.Image.AutoBuild, out)
-	if err != nil {
-		if errors.Is(err, image.ErrMissing) {
-			return nil, fmt.Errorf("default image %s is missing: run `make image` (or start without --no-image-build)", recipe.Key())
-		}
+	var imageErr error
+	switch {
+	case errors.Is(err, image.ErrMissing):
+		return nil, fmt.Errorf("default image %s is missing: run `make image` (or start without --no-image-build)", recipe.Key())
+	case err != nil && ctx.Err() != nil:
 		return nil, err
+	case err != nil:
+		// The build failed (a bad package, an unreachable mirror): the
+		// server still serves what needs no new sandbox (sessions that
+		// run, files, logs, audit, accounts); starts answer 503 until an
+		// operator fixes the recipe and restarts it.
+		log.Error("image build failed: sandboxes cannot start until it is fixed and the server restarted", "image", recipe.Key(), "err", err)
+		fmt.Fprintf(out, "image: the build of %s failed (%v); serving without it: sandboxes cannot start\n", recipe.Key(), err)
+		imageErr = errdefs.Unavailable("this server has no sandbox image: its build failed (the server's log says why), so no sandbox can start until an operator fixes it and restarts the server; nothing was changed")
 	}
 	rt, err := runsc.New(RuntimeConfig(cfg, log))
 	if err != nil {
 		return nil, err
 	}
-	s, err := newServer(cfg, db, rt, img, log)
+	s, err := newServer(cfg, db, rt, img, imageErr, log)
 	if err != nil {
 		return nil, err
 	}
@@ -251,7 +261,9 @@ func New(ctx context.Context, cfg *config.Config, out io.Writer) (*Server, error
 	return s, nil
 }
 
-func newServer(cfg *config.Config, db *store.DB, rt Runtime, img string, log *slog.Logger) (*Server, error) {
+// newServer builds the server; imageErr (img empty) says why there is no
+// image to start sandboxes from.
+func newServer(cfg *config.Config, db *store.DB, rt Runtime, img string, imageErr error, log *slog.Logger) (*Server, error) {
 	pol, err := egress.NewPolicy(cfg.Egress)
 	if err != nil {
 		return nil, fmt.Errorf("egress: %w", err)
@@ -301,7 +313,7 @@ func newServer(cfg *config.Config, db *store.DB, rt Runtime, img string, log *sl
 	// Teardown saves sessions to their organization's storage when the
 	// driver can pack disks (the real one; API tests' fake cannot).
 	opts := sandbox.Options{
-		Limits: cfg.Limits, DataDir: cfg.DataDir, Image: img, Runtime: rt, Store: db, Egress: s.egress,
+		Limits: cfg.Limits, DataDir: cfg.DataDir, Image: img, ImageErr: imageErr, Runtime: rt, Store: db, Egress: s.egress,
 		Policy: pol, Events: s.logs, Hooks: sessionHooks{s}, Rules: rules, Git: gitHost, Log: s.log,
 		Plans: cfg.Plans, Sizes: cfg.Sizes, Now: cfg.Clock,
 		OnDrawn: func(c credits.Milli) { s.met.credits.Add(c.Credits()) },

@@ -29,6 +29,19 @@ type serverProc struct {
 
 func startProc(t *testing.T, cfg *config.Config, hangAt string) *serverProc {
 	t.Helper()
+	return startProcWith(t, cfg, procOpts{hangAt: hangAt})
+}
+
+// procOpts: how startProcWith starts the server.
+type procOpts struct {
+	hangAt string   // SANDBOXD_TEST_HANG_AT
+	image  string   // the config's image section (default: autoBuild false)
+	yaml   string   // more top-level config sections
+	env    []string // more environment
+}
+
+func startProcWith(t *testing.T, cfg *config.Config, o procOpts) *serverProc {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -36,14 +49,17 @@ func startProc(t *testing.T, cfg *config.Config, hangAt string) *serverProc {
 	addr := l.Addr().String()
 	l.Close()
 	conf := filepath.Join(cfg.DataDir, "test-config.yaml")
-	os.WriteFile(conf, []byte(fmt.Sprintf("runsc:\n  binary: %s\n  agent: %s\nimage:\n  autoBuild: false\n", cfg.Runsc.Binary, cfg.Runsc.Agent)), 0o600)
+	if o.image == "" {
+		o.image = "image:\n  autoBuild: false\n"
+	}
+	os.WriteFile(conf, []byte(fmt.Sprintf("runsc:\n  binary: %s\n  agent: %s\n", cfg.Runsc.Binary, cfg.Runsc.Agent)+o.image+o.yaml), 0o600)
 	logf, err := os.OpenFile(filepath.Join(cfg.DataDir, "server.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer logf.Close()
 	cmd := osexec.Command(filepath.Join(binDir(t), "sandboxd"), "serve", "--config", conf, "--data-dir", cfg.DataDir, "--listen", addr)
-	cmd.Env = append(os.Environ(), "SANDBOXD_TEST_HANG_AT="+hangAt)
+	cmd.Env = append(append(os.Environ(), "SANDBOXD_TEST_HANG_AT="+o.hangAt), o.env...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -455,3 +455,37 @@ func TestRealFullScreenPrograms(t *testing.T) {
 		t.Fatalf("vi edit: %q", w.out.String())
 	}
 }
+
+// Closing a terminal ends its shell's jobs as a terminal hang-up does on
+// Linux (gVisor sends no SIGHUP): the foreground job and a background one
+// end, a nohup'd one lives on.
+func TestRealTerminalCloseEndsItsJobs(t *testing.T) {
+	h := startServer(t, realConfig(t))
+	h.provision("tj1", "test-tiny")
+	w := h.terminalWS(t, "tj1", "")
+	if !w.readUntil("$ ", 20*time.Second) {
+		t.Fatalf("no prompt: %q", w.out.String())
+	}
+	w.send("sleep 666 & nohup sleep 777 >/dev/null 2>&1 & echo TERM-$((2+3)); sleep 888\n")
+	if !w.readUntil("TERM-5", 10*time.Second) {
+		t.Fatalf("terminal: %q", w.out.String())
+	}
+	jobs := func() string {
+		return h.sh("tj1", "ps -eo args= | grep -E '^sleep [678]{3}$' | sort | tr '\\n' ' '").Stdout
+	}
+	for i := 0; jobs() != "sleep 666 sleep 777 sleep 888 "; i++ {
+		if i > 50 {
+			t.Fatalf("jobs: %q", jobs())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if code, b := h.call(h.token, "DELETE", "/v1/sandbox/tj1/terminals/"+w.id, nil); code != 204 {
+		t.Fatalf("close: %d %s", code, b)
+	}
+	for i := 0; jobs() != "sleep 777 "; i++ {
+		if i > 50 {
+			t.Fatalf("after close: %q", jobs())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

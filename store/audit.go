@@ -28,6 +28,14 @@ func (db *DB) Audit(rec AuditRecord) {
 	db.audit.put(rec)
 }
 
+// AuditSync writes rec (with whatever else is queued, in one transaction)
+// before it returns, so the record of a request that was answered survives
+// a kill -9 of the server; Audit's records may wait up to 50 ms.
+func (db *DB) AuditSync(ctx context.Context, rec AuditRecord) error {
+	db.Audit(rec)
+	return db.FlushAudit(ctx)
+}
+
 // FlushAudit waits until every record enqueued before the call is written.
 func (db *DB) FlushAudit(ctx context.Context) error {
 	if err := db.audit.flush(ctx); err != nil {

@@ -28,6 +28,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"modernc.org/sqlite"
@@ -284,6 +285,13 @@ func isUnique(err error) bool {
 		return true
 	}
 	return se.Code()&0xff == sqlite3.SQLITE_CONSTRAINT && strings.Contains(se.Error(), "UNIQUE")
+}
+
+// IsDiskFull reports whether err is SQLite's "database or disk is full"
+// (the data dir's file system has no space left) or ENOSPC itself.
+func IsDiskFull(err error) bool {
+	var se *sqlite.Error
+	return errors.Is(err, syscall.ENOSPC) || errors.As(err, &se) && se.Code()&0xff == sqlite3.SQLITE_FULL
 }
 
 func isForeignKey(err error) bool {

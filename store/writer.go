@@ -12,6 +12,11 @@ const (
 	writeBatch    = 256  // items per transaction at most
 	writeInterval = 50 * time.Millisecond
 	writeMaxWait  = 100 * time.Millisecond // how long put waits on a full buffer
+	// A batch that cannot be written (the disk is full) is kept, up to
+	// maxPending items, and tried again every retryEvery and before the
+	// next batch, so a full disk loses nothing once space is freed.
+	maxPending = 1 << 16
+	retryEvery = 2 * time.Second
 )
 
 // writer writes items of one kind (audit records, session events) in the
@@ -115,13 +120,31 @@ func (w *writer[T]) close() {
 func (w *writer[T]) loop() {
 	defer close(w.done)
 	batch := make([]T, 0, writeBatch)
+	var pending []T // failed batches, oldest first
 	var waiters []chan struct{}
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
+	retry := time.NewTimer(time.Hour)
+	retry.Stop()
 	flush := func() {
 		timer.Stop()
-		if len(batch) > 0 {
-			w.writeRetry(batch)
+		if len(batch) > 0 || len(pending) > 0 {
+			items := append(pending, batch...)
+			if err := w.writeRetry(items); err != nil {
+				if drop := len(items) - maxPending; drop > 0 {
+					w.report(fmt.Errorf("store: %d %s dropped (more than %d could not be written): %w", drop, w.what, maxPending, err))
+					clear(items[:drop])
+					items = items[drop:]
+				}
+				pending = items
+				retry.Reset(retryEvery)
+			} else {
+				if len(pending) > 0 {
+					w.report(fmt.Errorf("store: %d %s written late (they had failed)", len(pending), w.what))
+				}
+				clear(items)
+				pending = nil
+			}
 			clear(batch) // drop references
 			batch = batch[:0]
 		}
@@ -135,6 +158,9 @@ func (w *writer[T]) loop() {
 		case it, ok := <-w.ch:
 			if !ok {
 				flush()
+				if len(pending) > 0 {
+					w.report(fmt.Errorf("store: %d %s lost at close (they could not be written)", len(pending), w.what))
+				}
 				return
 			}
 			if it.flush != nil {
@@ -151,21 +177,24 @@ func (w *writer[T]) loop() {
 			}
 		case <-timer.C:
 			flush()
+		case <-retry.C:
+			flush()
 		}
 	}
 }
 
 // writeRetry writes a batch, retrying a few times before giving up and
-// reporting the error.
-func (w *writer[T]) writeRetry(batch []T) {
+// reporting the error (the caller keeps the batch).
+func (w *writer[T]) writeRetry(batch []T) error {
 	var err error
 	for attempt := range 5 {
 		if attempt > 0 {
 			time.Sleep(time.Duration(attempt) * 100 * time.Millisecond)
 		}
 		if err = w.write(context.Background(), batch); err == nil {
-			return
+			return nil
 		}
 	}
-	w.report(fmt.Errorf("store: write %d %s: %w", len(batch), w.what, err))
+	w.report(fmt.Errorf("store: write %d %s (kept, retried every %v): %w", len(batch), w.what, retryEvery, err))
+	return err
 }

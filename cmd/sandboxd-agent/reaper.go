@@ -5,6 +5,8 @@ import (
 	"os/signal"
 	"sync"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // reaper is the agent's only waiter: it reaps every child with
@@ -124,12 +126,32 @@ func (r *reaper) kill(c *child, sig syscall.Signal, group bool) error {
 	return syscall.Kill(c.pid, sig)
 }
 
-// killRunning SIGKILLs the child's process group if the child has not
-// exited yet.
+// killRunning ends a child whose client went away before it exited: the
+// other process groups of its session (the jobs of an interactive shell)
+// get SIGHUP and SIGCONT, as the kernel gives a terminal's foreground job
+// when the terminal goes away (gVisor gives nothing), so they end unless
+// they ignore hangups (nohup); then its own process group is SIGKILLed.
+// Nothing happens once the child has exited.
 func (r *reaper) killRunning(c *child) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if !c.exited {
-		syscall.Kill(-c.pid, syscall.SIGKILL)
+	if c.exited {
+		return
 	}
+	// The leader is not reaped (mu is held), so its pid is still its
+	// session's id.
+	groups := map[int]bool{}
+	liveProcesses(func(pid, _ int) bool {
+		if sid, err := unix.Getsid(pid); err == nil && sid == c.pid {
+			if pg, err := unix.Getpgid(pid); err == nil && pg != c.pid {
+				groups[pg] = true
+			}
+		}
+		return false
+	})
+	for pg := range groups {
+		syscall.Kill(-pg, syscall.SIGHUP)
+		syscall.Kill(-pg, syscall.SIGCONT)
+	}
+	syscall.Kill(-c.pid, syscall.SIGKILL)
 }

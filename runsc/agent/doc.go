@@ -115,7 +115,10 @@
 //	                       process group, else the process alone.
 //
 // If the connection closes (or is half-closed) before the process exited,
-// the agent SIGKILLs its process group. Once the process exited, its group
+// the agent sends SIGHUP and SIGCONT to the other process groups of its
+// session (an interactive shell's jobs: what the kernel does for a
+// terminal that goes away, which gVisor does not), so they end unless they
+// ignore hangups (nohup), and SIGKILLs its process group. Once the process exited, its group
 // is left alone: background children outlive the command.
 //
 // Output is read from the pipes (or the PTY) as it comes and written to the

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -22,7 +23,7 @@ import (
 //	provisioning -> (row removed)      (create failed: every step undone)
 //	running      -> stopping -> stopped (teardown: saved, the disk kept as a cache)
 //	stopping     -> running            (the save failed, e.g. quota: the sandbox runs on)
-//	running      -> failed             (sandbox died: oom, exited)
+//	running      -> failed             (sandbox died: oom, exited; its disk failed: disk_error)
 //	failed       -> stopping -> stopped (teardown releases what is left)
 //	stopped      -> provisioning -> running (resume on the kept disk)
 //	provisioning -> stopped            (resume failed: the disk is kept)
@@ -197,7 +198,7 @@ func (m *Manager) Provision(ctx context.Context, p store.Principal, spec Spec) (
 		return fail(err)
 	}
 	ses.EgressBytesLimit = egressCap(pl, ses.EgressBytesLimit)
-	if err := m.checkDisk(); err != nil {
+	if err := m.checkStart(); err != nil {
 		return fail(err)
 	}
 	if err := m.reserve(ses.OrgID, ses.MemoryMiB, pl); err != nil {
@@ -232,11 +233,15 @@ func (m *Manager) Provision(ctx context.Context, p store.Principal, spec Spec) (
 	}
 	m.scrub.forSession(ses.ID, spec.Secrets) // what startLocked uses, without reading them back
 	undo.push(func() { m.scrub.forget(ses.ID) })
+	m.hang("provision-inserted")
 	if err := m.startLocked(ctx, ses, z, false, &undo); err != nil {
 		if errors.Is(err, errdefs.ErrUnprocessable) {
 			return store.Session{}, err // the clone failed: the client's to fix
 		}
 		m.log.Error("provision failed", "session", ses.SessionID, "container", ses.ContainerID, "err", err)
+		if f := HostFault(err, "nothing was kept"); f != nil {
+			return store.Session{}, f
+		}
 		return store.Session{}, errdefs.Unavailable("the sandbox could not be started; nothing was kept, retry with the same sessionId")
 	}
 	return *ses, nil
@@ -282,7 +287,7 @@ func (m *Manager) Resume(ctx context.Context, orgID, sessionID string) (_ store.
 	if err != nil {
 		return store.Session{}, err
 	}
-	if err := m.checkDisk(); err != nil {
+	if err := m.checkStart(); err != nil {
 		return store.Session{}, err
 	}
 	if err := m.reserve(ses.OrgID, ses.MemoryMiB, pl); err != nil {
@@ -302,6 +307,12 @@ func (m *Manager) Resume(ctx context.Context, orgID, sessionID string) (_ store.
 	})
 	if err := m.prepareDiskLocked(ctx, ses); err != nil {
 		m.log.Error("restore failed", "session", ses.SessionID, "err", err)
+		if pe, ok := errdefs.Public(err); ok {
+			return store.Session{}, pe // damaged, or lost
+		}
+		if f := HostFault(err, "the session stays stopped with its workspace kept"); f != nil {
+			return store.Session{}, f
+		}
 		return store.Session{}, errdefs.Unavailable("the session's saved workspace could not be restored; the session stays stopped, retry the resume")
 	}
 	m.hang("restore-done")
@@ -310,14 +321,21 @@ func (m *Manager) Resume(ctx context.Context, orgID, sessionID string) (_ store.
 		if errors.Is(err, errDiskLost) {
 			return store.Session{}, err
 		}
+		if f := HostFault(err, "the session stays stopped with its workspace kept"); f != nil {
+			return store.Session{}, f
+		}
 		return store.Session{}, errdefs.Unavailable("the sandbox could not be started; the session is stopped with its workspace kept, retry the resume")
 	}
 	return *ses, nil
 }
 
-// checkDisk refuses a start when the data dir's file system is nearly full
-// (sandbox disks are sparse and grow as they are written).
-func (m *Manager) checkDisk() error {
+// checkStart refuses a start that cannot succeed: no image, or the data
+// dir's file system nearly full (sandbox disks are sparse and grow as
+// they are written).
+func (m *Manager) checkStart() error {
+	if m.noImg != nil {
+		return m.noImg
+	}
 	var st unix.Statfs_t
 	if err := unix.Statfs(m.data, &st); err != nil {
 		return nil
@@ -434,6 +452,9 @@ func (m *Manager) startLocked(ctx context.Context, ses *store.Session, z config.
 			m.log.Error("undo create", "session", ses.SessionID, "err", err)
 		}
 	})
+	if !resumed {
+		m.hang("provision-started")
+	}
 	// Its secrets join the scrubber of text no session can be told from
 	// (the standard library's log lines) before the sandbox can reach out.
 	m.Scrubber(ses.ID)
@@ -461,6 +482,19 @@ func (m *Manager) startLocked(ctx context.Context, ses *store.Session, z config.
 func (m *Manager) stopLocked(ses *store.Session) {
 	m.hooks.Stopped(ses.ID)
 	m.stopEgress(ses)
+}
+
+// HostFault is the public error of a step that a limit of the host
+// stopped: no loop device left for a disk image, or the data dir's disk
+// full; nil for any other error. what says what became of the session.
+func HostFault(err error, what string) error {
+	switch {
+	case errors.Is(err, runsc.ErrNoLoopDevice):
+		return errdefs.Unavailable("this server has no free loop device for the session's disk; %s, retry later", what).WithCause(err)
+	case errors.Is(err, syscall.ENOSPC):
+		return errdefs.Unavailable("this server's disk is full; %s, retry later", what).WithCause(err)
+	}
+	return nil
 }
 
 // errDiskLost: a resume found neither the session's disk on this node nor
@@ -546,6 +580,9 @@ func (m *Manager) stopSessionLocked(ctx context.Context, ses *store.Session, sav
 				return res, err
 			}
 			m.log.Error("save", "session", ses.SessionID, "err", err)
+			if f := HostFault(err, "the session could not be saved and keeps its data"); f != nil {
+				return res, f
+			}
 			return res, errdefs.Unavailable("the session could not be saved; it keeps its data, retry the teardown")
 		}
 		res.SavedBytes = ses.Saved.Bytes
@@ -675,7 +712,8 @@ func deathReason(oom bool) string {
 }
 
 // markDeadLocked records that a running sandbox died (reason "oom" or
-// "exited") and releases its host resources, keeping its disk.
+// "exited"), or that its disk failed ("disk_error": it is stopped), and
+// releases its host resources, keeping its disk.
 func (m *Manager) markDeadLocked(ctx context.Context, ses *store.Session, reason string) {
 	if ses.Status != store.StatusRunning {
 		return
@@ -711,10 +749,16 @@ func (m *Manager) checkAliveLocked(ctx context.Context, ses *store.Session) {
 		m.log.Warn("inspect sandbox", "session", ses.SessionID, "err", err)
 		return
 	}
-	if st.Status == runsc.StatusRunning && st.OOMKills == 0 {
+	if st.Status == runsc.StatusRunning && st.OOMKills == 0 && !st.DiskFailed {
 		return
 	}
-	m.markDeadLocked(ctx, ses, deathReason(st.OOMKills > 0))
+	reason := deathReason(st.OOMKills > 0)
+	if st.Status == runsc.StatusRunning && st.OOMKills == 0 {
+		// Nothing it writes can be kept any more; a resume mounts the disk
+		// again (checked and repaired first).
+		reason = "disk_error"
+	}
+	m.markDeadLocked(ctx, ses, reason)
 }
 
 // NoteDead checks a session whose command failed as if its sandbox were

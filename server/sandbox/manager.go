@@ -134,12 +134,15 @@ type Options struct {
 	Limits  config.Limits
 	DataDir string // its file system holds the sandboxes' disks
 	Image   string // the root filesystem sandboxes start from
-	Runtime Runtime
-	Store   Store
-	Egress  Egress
-	Policy  *egress.Policy // the allowlist (per project)
-	Events  Events
-	Hooks   Hooks
+	// ImageErr (Image empty): there is no image, and every start answers
+	// it (the build failed).
+	ImageErr error
+	Runtime  Runtime
+	Store    Store
+	Egress   Egress
+	Policy   *egress.Policy // the allowlist (per project)
+	Events   Events
+	Hooks    Hooks
 	// Rules is the scrubber's pattern set; each session's adds its secrets.
 	Rules *scrub.Set
 	// Git is the host paired repositories live on (zero: none).
@@ -169,6 +172,7 @@ type Manager struct {
 	lim    config.Limits
 	data   string
 	image  string
+	noImg  error // Options.ImageErr
 	rt     Runtime
 	db     Store
 	egress Egress
@@ -211,7 +215,7 @@ type Manager struct {
 
 // New returns a Manager; call Reconcile, then StartMonitor.
 func New(o Options) *Manager {
-	m := &Manager{lim: o.Limits, data: o.DataDir, image: o.Image, rt: o.Runtime, db: o.Store, egress: o.Egress,
+	m := &Manager{lim: o.Limits, data: o.DataDir, image: o.Image, noImg: o.ImageErr, rt: o.Runtime, db: o.Store, egress: o.Egress,
 		policy: o.Policy, events: o.Events, hooks: o.Hooks, log: o.Log, now: o.Now, git: o.Git,
 		scrub: &scrubbers{base: o.Rules}, locks: map[string]*sessionLock{}, perOrg: map[string]int{},
 		activity: map[string]*activity{}, done: make(chan struct{}),

@@ -200,7 +200,7 @@ func (m *Manager) resumePausedLocked(ctx context.Context, ses *store.Session, ad
 			undo.run()
 		}
 	}()
-	if err := m.checkDisk(); err != nil {
+	if err := m.checkStart(); err != nil {
 		return err
 	}
 	var pl config.Plan

@@ -85,7 +85,10 @@ func (m *Manager) orgSaveLock(org string) *sync.Mutex {
 // server exactly there. Steps: save-frozen, save-writing, save-recorded,
 // save-destroyed, restore-reading, restore-done; pause-frozen (image
 // written, not yet admitted), pause-released, resume-loaded (before the
-// restore), resume-restored. Empty in production.
+// restore), resume-restored; provision-inserted (the row, nothing made
+// yet), provision-started (the sandbox runs, the row still says
+// provisioning); the driver's create-mounted and create-created (package
+// runsc). Empty in production.
 var hangAt = os.Getenv("SANDBOXD_TEST_HANG_AT")
 
 func (m *Manager) hang(step string) {
@@ -263,12 +266,19 @@ func (m *Manager) prepareDiskLocked(ctx context.Context, ses *store.Session) err
 	defer cancel()
 	start := time.Now()
 	rc, info, err := m.storage.Get(ctx, ses.OrgID, ses.Saved.Object)
-	if err != nil {
+	switch {
+	case errors.Is(err, objects.ErrCorrupt):
+		m.events.Event(ses.ID, "restore_failed", map[string]any{"reason": "damaged"})
+		return errSaveDamaged.WithCause(err)
+	case errors.Is(err, objects.ErrNotFound) && !present:
+		return errDiskLost
+	case err != nil:
 		return fmt.Errorf("open save: %w", err)
 	}
 	defer rc.Close()
 	if info.SHA256 != ses.Saved.SHA256 {
-		return fmt.Errorf("save %s: checksum %s, recorded %s", ses.Saved.Object, info.SHA256, ses.Saved.SHA256)
+		m.events.Event(ses.ID, "restore_failed", map[string]any{"reason": "damaged"})
+		return errSaveDamaged.WithCause(fmt.Errorf("save %s: checksum %s, recorded %s", ses.Saved.Object, info.SHA256, ses.Saved.SHA256))
 	}
 	src := io.Reader(rc)
 	if hangAt != "" {
@@ -276,12 +286,35 @@ func (m *Manager) prepareDiskLocked(ctx context.Context, ses *store.Session) err
 	}
 	st, err := m.disks.RestoreDisk(ctx, ses.ContainerID, int64(ses.DiskMiB), src, ses.Saved.SHA256)
 	if err != nil {
+		// Unpacking damaged bytes may fail before the checksum at the end
+		// is reached: the save is read through once more to tell.
+		if errors.Is(err, objects.ErrCorrupt) || m.saveDamaged(ctx, ses) {
+			m.events.Event(ses.ID, "restore_failed", map[string]any{"reason": "damaged"})
+			return errSaveDamaged.WithCause(err)
+		}
 		m.events.Event(ses.ID, "restore_failed", nil)
 		return err
 	}
 	m.events.Event(ses.ID, "restored", map[string]any{"bytes": info.Size, "files": st.Files, "generation": ses.Saved.Generation,
 		"ms": time.Since(start).Milliseconds()})
 	return nil
+}
+
+// errSaveDamaged: the session's save does not match its checksum (or its
+// record) and the node has no copy of its disk. The save is kept as it is:
+// an operator may recover files from it; deleting the session drops it.
+var errSaveDamaged = errdefs.Conflict("the session's saved workspace is damaged (it does not match its checksum) and this server has no other copy of its disk, so it cannot be restored; the damaged save is kept as it is (delete the session to drop it)")
+
+// saveDamaged reads the session's save through and reports whether it
+// fails its checksum.
+func (m *Manager) saveDamaged(ctx context.Context, ses *store.Session) bool {
+	rc, _, err := m.storage.Get(ctx, ses.OrgID, ses.Saved.Object)
+	if err != nil {
+		return errors.Is(err, objects.ErrCorrupt)
+	}
+	defer rc.Close()
+	_, err = io.Copy(io.Discard, rc)
+	return errors.Is(err, objects.ErrCorrupt)
 }
 
 // EnsureDiskLocked gives a stopped or failed session's sandbox its disk
@@ -293,6 +326,12 @@ func (m *Manager) EnsureDiskLocked(ctx context.Context, ses *store.Session) erro
 	}
 	if err := m.prepareDiskLocked(ctx, ses); err != nil {
 		m.log.Error("restore for files", "session", ses.SessionID, "err", err)
+		if pe, ok := errdefs.Public(err); ok {
+			return pe // damaged, or lost
+		}
+		if f := HostFault(err, "its files cannot be read now"); f != nil {
+			return f
+		}
 		return errdefs.Unavailable("the session's saved workspace could not be restored; retry later")
 	}
 	return nil

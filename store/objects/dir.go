@@ -350,6 +350,15 @@ func (d *Dir) List(ctx context.Context, org, prefix string) ([]Info, error) {
 		if errors.Is(err, ErrNotFound) {
 			return nil // deleted meanwhile
 		}
+		if errors.Is(err, ErrCorrupt) {
+			// Listed as damaged, with the space it takes: it counts, and
+			// can be deleted; one damaged object must not hide the others.
+			fi, serr := e.Info()
+			if serr != nil {
+				return nil // deleted meanwhile
+			}
+			in, err = Info{Name: name, Size: max(fi.Size()-headerSize, 0), ModTime: fi.ModTime().UTC(), Damaged: true}, nil
+		}
 		if err != nil {
 			return err
 		}

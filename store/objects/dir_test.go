@@ -174,4 +174,18 @@ func TestDirCorrupt(t *testing.T) {
 	if _, err := d.Stat(ctx, "o", "n"); !errors.Is(err, ErrCorrupt) {
 		t.Fatalf("stat of a truncated object: %v", err)
 	}
+	// Listed as damaged, beside the others, and deletable.
+	if _, err := d.Put(ctx, "o", "m", strings.NewReader("fine")); err != nil {
+		t.Fatal(err)
+	}
+	list, err := d.List(ctx, "o", "")
+	if err != nil || len(list) != 2 || list[0].Name != "m" || list[0].Damaged || list[1].Name != "n" || !list[1].Damaged || list[1].Size != 3 {
+		t.Fatalf("list: %+v %v", list, err)
+	}
+	if err := d.Delete(ctx, "o", "n"); err != nil {
+		t.Fatal(err)
+	}
+	if list, err := d.List(ctx, "o", ""); err != nil || len(list) != 1 {
+		t.Fatalf("after delete: %+v %v", list, err)
+	}
 }

@@ -35,6 +35,10 @@ type Info struct {
 	Size    int64
 	SHA256  string // hex
 	ModTime time.Time
+	// Damaged: List found the object unreadable (its header or size
+	// wrong); Size is then what it takes, SHA256 is empty, and Get fails
+	// with ErrCorrupt.
+	Damaged bool
 }
 
 // Backend stores an organization's objects.
@@ -51,7 +55,8 @@ type Backend interface {
 	// Delete removes an object; deleting a missing one is not an error.
 	Delete(ctx context.Context, org, name string) error
 	// List describes an organization's objects whose names start with
-	// prefix ("" for all), sorted by name.
+	// prefix ("" for all), sorted by name; a damaged one is listed as such
+	// (Info.Damaged), never an error.
 	List(ctx context.Context, org, prefix string) ([]Info, error)
 }
 
