@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -148,6 +149,28 @@ func (db *DB) GetSessionByID(ctx context.Context, id string) (Session, error) {
 		return Session{}, fmt.Errorf("store: get session %s: %w", id, notFound(err))
 	}
 	return s, nil
+}
+
+// GetSessionsByID reads the sessions with these primary keys in one query
+// (the monitor's round re-reads each session it has locked); a key with no
+// row is absent from the map.
+func (db *DB) GetSessionsByID(ctx context.Context, ids []string) (map[string]Session, error) {
+	out := make(map[string]Session, len(ids))
+	if len(ids) == 0 {
+		return out, nil
+	}
+	args := make([]any, len(ids))
+	for i, id := range ids {
+		args[i] = id
+	}
+	list, err := db.querySessions(ctx, `SELECT `+sessionCols+` FROM sessions WHERE id IN (?`+strings.Repeat(`, ?`, len(ids)-1)+`)`, args...)
+	if err != nil {
+		return nil, fmt.Errorf("store: get sessions: %w", err)
+	}
+	for _, s := range list {
+		out[s.ID] = s
+	}
+	return out, nil
 }
 
 // ListSessions lists the org's sessions newest first. status "" lists all

@@ -970,28 +970,23 @@ func (m *Manager) sweep() {
 		return
 	}
 	var alive []*store.Session
+	var running []string
 	for i := range sessions {
 		if sessions[i].Status == store.StatusStopping {
 			alive = append(alive, &sessions[i]) // saving: still drawing
 		}
-		if sessions[i].Status != store.StatusRunning {
-			continue
+		if sessions[i].Status == store.StatusRunning {
+			running = append(running, sessions[i].ID)
 		}
-		// A session busy with a long operation (a download holds its lock for
-		// up to minutes) waits for the next round, not the others.
-		unlock, ok := m.tryLock(sessions[i].ID)
-		if !ok {
-			alive = append(alive, &sessions[i]) // busy, so still there
-			continue
-		}
-		cur, idle := m.sweepOneLocked(ctx, sessions[i].ID)
-		unlock()
-		if cur != nil {
-			alive = append(alive, cur)
-		}
-		if idle {
-			m.actAsync(sessions[i].ID, m.idleActLocked)
-		}
+	}
+	byID := make(map[string]*store.Session, len(sessions))
+	for i := range sessions {
+		byID[sessions[i].ID] = &sessions[i]
+	}
+	for len(running) > 0 {
+		n := min(len(running), sweepBatch)
+		alive = m.sweepBatch(ctx, running[:n], byID, alive)
+		running = running[n:]
 	}
 	// Their own deadline: at hundreds of sandboxes on a loaded node the
 	// round above can use up its own (measured: 700 idle sandboxes and 50
@@ -1049,15 +1044,58 @@ func (m *Manager) actAsync(pk string, act func(ctx context.Context, pk string)) 
 	}()
 }
 
-// sweepOneLocked checks a live session: it returns the session if it runs
-// and says whether it is idle past its timeout (its action runs in
-// actAsync).
-func (m *Manager) sweepOneLocked(ctx context.Context, pk string) (alive *store.Session, idle bool) {
-	// Re-read under the lock: the session may have moved on.
-	cur, err := m.db.GetSessionByID(ctx, pk)
-	if err != nil {
-		return nil, false
+// sweepBatch is how many sessions the monitor locks at once to re-read
+// them in one query: one read per session took most of a round at a
+// thousand sandboxes; a command waits at most for the batch's checks.
+const sweepBatch = 64
+
+// sweepBatch checks running sessions pks (listed in byID before their
+// locks were taken) and returns alive with those still running appended.
+// A session busy with a long operation (a download holds its lock for up
+// to minutes) waits for the next round, not the others.
+func (m *Manager) sweepBatch(ctx context.Context, pks []string, byID map[string]*store.Session, alive []*store.Session) []*store.Session {
+	unlocks := map[string]func(){}
+	defer func() {
+		for _, u := range unlocks {
+			u()
+		}
+	}()
+	var locked []string
+	for _, pk := range pks {
+		if unlock, ok := m.tryLock(pk); ok {
+			unlocks[pk] = unlock
+			locked = append(locked, pk)
+		} else {
+			alive = append(alive, byID[pk]) // busy, so still there
+		}
 	}
+	// Re-read under the locks: a session may have moved on since the list.
+	cur, err := m.db.GetSessionsByID(ctx, locked)
+	if err != nil {
+		m.log.Warn("monitor: read sessions", "err", err)
+		return alive
+	}
+	for _, pk := range locked {
+		var idle bool
+		if ses, ok := cur[pk]; ok {
+			var a *store.Session
+			if a, idle = m.sweepOneLocked(ctx, ses); a != nil {
+				alive = append(alive, a)
+			}
+		}
+		unlocks[pk]()
+		delete(unlocks, pk)
+		if idle {
+			m.actAsync(pk, m.idleActLocked)
+		}
+	}
+	return alive
+}
+
+// sweepOneLocked checks a live session read under its lock: it returns
+// the session if it runs and says whether it is idle past its timeout (its
+// action runs in actAsync).
+func (m *Manager) sweepOneLocked(ctx context.Context, cur store.Session) (alive *store.Session, idle bool) {
 	m.checkAliveLocked(ctx, &cur)
 	if cur.Status != store.StatusRunning {
 		return nil, false

@@ -70,6 +70,7 @@ type Store interface {
 	InsertSession(ctx context.Context, s *store.Session) error
 	GetSession(ctx context.Context, orgID, sessionID string) (store.Session, error)
 	GetSessionByID(ctx context.Context, pk string) (store.Session, error)
+	GetSessionsByID(ctx context.Context, pks []string) (map[string]store.Session, error)
 	ListSessions(ctx context.Context, orgID, status string) ([]store.Session, error)
 	ListLiveSessions(ctx context.Context) ([]store.Session, error)
 	ListSessionContainers(ctx context.Context) ([]store.SessionContainer, error)

@@ -24,7 +24,7 @@ import (
 // (on loopback listeners) and the fake driver. No root, no gVisor.
 
 type env struct {
-	t     *testing.T
+	t     testing.TB
 	m     *Manager
 	rt    *sandboxtest.Runtime
 	db    *store.DB
@@ -60,7 +60,7 @@ func (h *recHooks) list() string {
 	return strings.Join(h.calls, ", ")
 }
 
-func newEnv(t *testing.T, tweak ...func(*config.Config)) *env {
+func newEnv(t testing.TB, tweak ...func(*config.Config)) *env {
 	t.Helper()
 	cfg, err := config.Load(config.Overrides{DataDir: t.TempDir()})
 	if err != nil {
