@@ -114,7 +114,7 @@ test-unit: web
 bench: root-check host-packages build image
 	SANDBOXD_BIN=$(BIN) $(GO) test -count=1 -run '^$$' -bench . -benchtime 20x -timeout 30m ./server/
 	$(GO) test -count=1 -run '^$$' -bench Scrub -benchtime 2s ./streams/scrub/
-	$(GO) test -count=1 -run '^$$$$' -bench Sweep -benchtime 10x ./server/sandbox/
+	$(GO) test -count=1 -run '^$$' -bench Sweep -benchtime 10x ./server/sandbox/
 
 # Installs the binaries, the systemd unit and a sample config (kept if
 # /etc/sandboxd/sandboxd.yaml exists): sandboxd, runsc and the agent in
