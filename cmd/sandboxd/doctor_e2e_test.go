@@ -210,7 +210,7 @@ func runDoctor(t *testing.T, bin string, args ...string) doctorRun {
 // doctorChecks are the findings every doctor run with a loadable config
 // reports (and the listen address's).
 var doctorChecks = []string{"root", "config", "kernel: overlayfs", "kernel: ext4", "kernel: loop", "kernel: network namespaces",
-	"kernel: veth", "cgroups", "loop devices", "command: mount", "command: mkfs.ext4", "runsc binary", "runsc runs",
+	"kernel: veth", "cgroups", "loop devices", "command: mount", "command: mkfs.ext4", "command: e2fsck", "runsc binary", "runsc runs",
 	"agent binary", "socket paths", "platform", "data dir", "image", "command: debootstrap", "disk: data dir",
 	"disk: image cache", "server"}
 
