@@ -14,9 +14,21 @@
 // An API error is a *Error with the status, the contract's code, message,
 // request id and details.
 //
-// A call refused by the server's fairness limits (429 rate_limited with
-// Retry-After) is retried after the wait the server asks for, a few times
-// (retry.go says when and why that is safe; WithRetries turns it off).
+// Retries: sandboxd answers 429 rate_limited with Retry-After when a
+// client is over its fairness limits (connections, request rate, requests
+// in flight). It answers so before any handler runs, so the request was
+// not carried out and sending it again is safe whatever its method: a
+// call so refused waits Retry-After (plus a little jitter) and is sent
+// again, up to DefaultRetries times, for waits up to DefaultMaxRetryWait
+// and within its context (a cancel ends the wait, with an error that wraps
+// both the context's and the 429's *Error; a wait past the
+// deadline is not started). A 429 without Retry-After (a plan's or a
+// session's concurrency) is returned at once; a 503 with Retry-After
+// (a proxy in front, a service starting) is retried only for idempotent
+// methods, since what answered it may have done part of the work. Bodies
+// are replayed: JSON always, an Upload's when its reader is an io.Seeker.
+// WebSocket handshakes (terminals, exec streams, logs) are retried alike.
+// WithRetries(0) turns retries off; WithRetryNotify reports each wait.
 //
 // Concurrency: a Client is safe for concurrent use. A Terminal allows one
 // goroutine calling Recv and any number calling its send methods.

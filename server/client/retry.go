@@ -12,32 +12,10 @@ import (
 	"time"
 )
 
-// Retries. sandboxd answers 429 rate_limited with Retry-After (seconds)
-// when a client is over its fairness limits: its connections, its request
-// rate or its requests in flight (per address and per token). Those
-// answers come from the edge before any handler runs (the connection cap
-// answers from the listener, before the router; the request limits are
-// middleware before the route's handler and its audit record), so the
-// request was not carried out and repeating it is safe whatever its
-// method: the client waits Retry-After and sends it again. A 429 without
-// Retry-After is a handler's (a plan's or a session's concurrency: "at
-// most 16 commands run at once") and is returned at once: waiting would
-// not help.
-//
-// A 503 with Retry-After (a reverse proxy in front, a portal service still
-// starting) may come from something that already did part of the work, so
-// it is retried only for the idempotent methods (GET, HEAD, OPTIONS,
-// TRACE, PUT, DELETE). sandboxd's own 503s carry no Retry-After and are
-// returned at once.
-//
-// At most DefaultRetries retries per call, each waiting Retry-After plus a
-// little jitter (so a burst of refused calls does not come back at once).
-// A Retry-After over the longest wait (DefaultMaxRetryWait), or one that
-// would end after the context's deadline, is not waited for: the 429 is
-// returned at once. Cancelling the context ends a wait; the error then
-// wraps both the context's error and the *Error being retried. A request
-// body must be replayable: a JSON body always is, an Upload's when its
-// reader is an io.Seeker (a file); otherwise the answer is returned.
+// Retries (the package doc says when and why). A 429 with Retry-After
+// from sandboxd is answered by the listener (over maxConnsPerClient) or by
+// middleware ahead of the route's handler and its audit record (the
+// request limits): see server/fair.go and server/listen.go.
 
 const (
 	// DefaultRetries is how many times a call is retried after a 429 or
