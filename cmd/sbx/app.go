@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"regexp"
 	"strings"
@@ -30,10 +31,14 @@ type app struct {
 
 	server, token, tokenFile string
 	jsonOut                  bool
+
+	// eol ends the lines sbx prints between a command's output: "\r\n"
+	// while a shell holds the terminal in raw mode.
+	eol string
 }
 
 func newApp(stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) *app {
-	return &app{stdin: stdin, stdout: stdout, stderr: stderr, getenv: getenv}
+	return &app{stdin: stdin, stdout: stdout, stderr: stderr, getenv: getenv, eol: "\n"}
 }
 
 // root builds the command tree.
@@ -130,7 +135,32 @@ func (a *app) client() (*client.Client, error) {
 	if cred.Token == "" {
 		return nil, errors.New("no API token: run 'sbx login --token T', or pass --token or $SBX_TOKEN")
 	}
-	return client.New(cred.Server, cred.Token, client.WithUserAgent("sbx/"+version))
+	return a.newClient(cred.Server, cred.Token)
+}
+
+// newClient is an API client as every command uses it: a call refused by
+// the server's rate limits is retried after the wait the server asks for
+// (server/client), and each wait is told on stderr unless --json.
+func (a *app) newClient(server, token string) (*client.Client, error) {
+	return client.New(server, token, client.WithUserAgent("sbx/"+version), client.WithRetryNotify(a.retryNotice))
+}
+
+func (a *app) retryNotice(r client.Retry) {
+	if a.jsonOut {
+		return
+	}
+	why := "rate limited"
+	if r.Err.Status != http.StatusTooManyRequests {
+		why = "the server is unavailable"
+	}
+	when := "now"
+	switch {
+	case r.Wait >= time.Second:
+		when = "in " + r.Wait.Round(time.Second).String()
+	case r.Wait >= 100*time.Millisecond:
+		when = "in " + r.Wait.Round(100*time.Millisecond).String()
+	}
+	fmt.Fprintf(a.stderr, "sbx: %s: retrying %s%s", why, when, a.eol)
 }
 
 // printJSON writes a raw API answer, indented, to stdout.

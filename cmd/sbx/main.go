@@ -11,7 +11,10 @@
 //	sbx teardown demo-1
 //	sbx usage --period previous
 //
-// Every command talks to the server through package sandboxd/server/client.
+// Every command talks to the server through package sandboxd/server/client,
+// which retries a call the server's rate limits refused (429 with
+// Retry-After) after the wait asked for, up to 3 times; each wait is told
+// on stderr ("sbx: rate limited: retrying in 1s"), except with --json.
 // With --json a command prints the API's JSON answer instead of text.
 // Errors go to stderr as "sbx: <message> (<code>, request <id>)", then the
 // error's details when the server gives any (the numbers of a 402

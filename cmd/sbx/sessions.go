@@ -38,7 +38,7 @@ $XDG_CONFIG_HOME/sbx/config.json (~/.config/sbx/config.json), mode 0600.`,
 			if cred.Token == "" {
 				return usagef("login needs a token: --token T, --token-file F or $SBX_TOKEN")
 			}
-			c, err := client.New(cred.Server, cred.Token, client.WithUserAgent("sbx/"+version))
+			c, err := a.newClient(cred.Server, cred.Token)
 			if err != nil {
 				return usageError{err}
 			}

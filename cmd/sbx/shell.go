@@ -87,6 +87,8 @@ func (a *app) shell(ctx context.Context, c *client.Client, id, terminalID string
 		}
 		defer term.Restore(int(f.Fd()), state)
 		nl = "\r\n"
+		a.eol = nl
+		defer func() { a.eol = "\n" }()
 	}
 	ctx, cancel := signal.NotifyContext(ctx, syscall.SIGHUP, syscall.SIGTERM)
 	defer cancel()

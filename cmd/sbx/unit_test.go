@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -298,5 +299,71 @@ func TestExecSaysWhatWasDropped(t *testing.T) {
 	_, stderr = run("while True: print(1)", "run", "python", "demo", "--server", ts.URL, "--token", "sbx_t")
 	if !strings.Contains(stderr, "interrupted") || !strings.Contains(stderr, "70000000 bytes of stdout") {
 		t.Errorf("run: %q", stderr)
+	}
+}
+
+// A call refused by the server's rate limits waits Retry-After and is
+// sent again, saying so on stderr (not with --json: stdout is the
+// answer, stderr stays quiet); past the retries the 429 is the error.
+func TestCLIRetriesRateLimited(t *testing.T) {
+	var mu sync.Mutex
+	refuse := 0
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		n := refuse
+		refuse--
+		mu.Unlock()
+		if n > 0 {
+			w.Header().Set("Retry-After", "0")
+			w.Header().Set("X-Request-Id", "req-4")
+			w.WriteHeader(429)
+			io.WriteString(w, `{"error":{"code":"rate_limited","message":"too many requests from your address: at most 5 a second (bursts of 5); retry in 1 s","requestId":"req-4"}}`)
+			return
+		}
+		io.WriteString(w, `{"sandboxes":[]}`)
+	}))
+	defer ts.Close()
+	run := func(refusals int, argv ...string) (int, string, string) {
+		mu.Lock()
+		refuse = refusals
+		mu.Unlock()
+		var out, errb bytes.Buffer
+		a := newApp(strings.NewReader(""), &out, &errb, envOf(map[string]string{"XDG_CONFIG_HOME": t.TempDir()}))
+		cmd := a.root()
+		cmd.SetArgs(append(argv, "--server", ts.URL, "--token", "t"))
+		return report(&errb, cmd.Execute()), out.String(), errb.String()
+	}
+	code, out, errs := run(2, "ls")
+	if code != 0 || errs != strings.Repeat("sbx: rate limited: retrying now\n", 2) || !strings.Contains(out, "SESSION") {
+		t.Errorf("ls after two 429s: exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+	if code, out, errs := run(2, "ls", "--json"); code != 0 || errs != "" || !strings.Contains(out, `"sandboxes"`) {
+		t.Errorf("ls --json after two 429s: exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+	code, _, errs = run(100, "ls")
+	want := strings.Repeat("sbx: rate limited: retrying now\n", 3) +
+		"sbx: too many requests from your address: at most 5 a second (bursts of 5); retry in 1 s (rate_limited, request req-4)\n"
+	if code != 1 || errs != want {
+		t.Errorf("ls past the retries: exit %d, stderr %q", code, errs)
+	}
+}
+
+func TestRetryNotice(t *testing.T) {
+	for _, tc := range []struct {
+		wait   time.Duration
+		status int
+		want   string
+	}{
+		{2130 * time.Millisecond, 429, "sbx: rate limited: retrying in 2s\n"},
+		{430 * time.Millisecond, 429, "sbx: rate limited: retrying in 400ms\n"},
+		{20 * time.Millisecond, 429, "sbx: rate limited: retrying now\n"},
+		{time.Second, 503, "sbx: the server is unavailable: retrying in 1s\n"},
+	} {
+		var errb bytes.Buffer
+		a := newApp(strings.NewReader(""), io.Discard, &errb, envOf(nil))
+		a.retryNotice(client.Retry{Wait: tc.wait, Err: &client.Error{Status: tc.status}})
+		if errb.String() != tc.want {
+			t.Errorf("%v %d: %q, want %q", tc.wait, tc.status, errb.String(), tc.want)
+		}
 	}
 }

@@ -14,6 +14,22 @@
 // An API error is a *Error with the status, the contract's code, message,
 // request id and details.
 //
+// Retries: sandboxd answers 429 rate_limited with Retry-After when a
+// client is over its fairness limits (connections, request rate, requests
+// in flight). It answers so before any handler runs, so the request was
+// not carried out and sending it again is safe whatever its method: a
+// call so refused waits Retry-After (plus a little jitter) and is sent
+// again, up to DefaultRetries times, for waits up to DefaultMaxRetryWait
+// and within its context (a cancel ends the wait, with an error that wraps
+// both the context's and the 429's *Error; a wait past the
+// deadline is not started). A 429 without Retry-After (a plan's or a
+// session's concurrency) is returned at once; a 503 with Retry-After
+// (a proxy in front, a service starting) is retried only for idempotent
+// methods, since what answered it may have done part of the work. Bodies
+// are replayed: JSON always, an Upload's when its reader is an io.Seeker.
+// WebSocket handshakes (terminals, exec streams, logs) are retried alike.
+// WithRetries(0) turns retries off; WithRetryNotify reports each wait.
+//
 // Concurrency: a Client is safe for concurrent use. A Terminal allows one
 // goroutine calling Recv and any number calling its send methods.
 package client
@@ -40,6 +56,10 @@ type Client struct {
 	hc     *http.Client
 	agent  string
 	dialer *websocket.Dialer
+
+	retries      int
+	maxRetryWait time.Duration
+	onRetry      func(Retry)
 }
 
 // Option configures a Client.
@@ -73,8 +93,9 @@ func New(baseURL, token string, opts ...Option) (*Client, error) {
 	u.Path = strings.TrimSuffix(u.Path, "/")
 	u.RawPath = ""
 	c := &Client{base: u, token: token, agent: "sandboxd-client",
-		hc:     &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()},
-		dialer: &websocket.Dialer{Proxy: http.ProxyFromEnvironment, HandshakeTimeout: 30 * time.Second}}
+		hc:      &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()},
+		dialer:  &websocket.Dialer{Proxy: http.ProxyFromEnvironment, HandshakeTimeout: 30 * time.Second},
+		retries: DefaultRetries, maxRetryWait: DefaultMaxRetryWait}
 	for _, o := range opts {
 		o(c)
 	}
@@ -193,17 +214,34 @@ func (c *Client) request(ctx context.Context, method, p string, q url.Values, bo
 	return req, nil
 }
 
-// send runs req; a non-2xx answer becomes an *Error (and the body is closed).
+// send runs req; a non-2xx answer becomes an *Error (and the body is
+// closed). A 429 (or a 503 of an idempotent method) with Retry-After is
+// retried (retry.go) when req's body can be sent again.
 func (c *Client) send(req *http.Request) (*http.Response, error) {
-	resp, err := c.hc.Do(req)
-	if err != nil {
-		return nil, err
+	for attempt := 1; ; attempt++ {
+		resp, err := c.hc.Do(req)
+		if err != nil {
+			return nil, err
+		}
+		if resp.StatusCode >= 200 && resp.StatusCode <= 299 {
+			return resp, nil
+		}
+		apiErr := decodeError(resp)
+		resp.Body.Close()
+		ctx := req.Context()
+		wait, ok := c.retryWait(ctx, req.Method, resp.StatusCode, resp.Header, attempt)
+		if !ok {
+			return nil, apiErr
+		}
+		next, ok, err := replay(req)
+		if err != nil || !ok {
+			return nil, apiErr
+		}
+		if err := c.waitRetry(ctx, req.Method, req.URL.Path, attempt, wait, apiErr); err != nil {
+			return nil, err
+		}
+		req = next
 	}
-	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		defer resp.Body.Close()
-		return nil, decodeError(resp)
-	}
-	return resp, nil
 }
 
 // maxJSONBody bounds a JSON answer (a code run's display output is the

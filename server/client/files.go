@@ -126,21 +126,31 @@ type UploadResult struct {
 // Upload writes r to a file of a running session (parent directories are
 // created; the file belongs to the sandbox user, mode 0644). size is r's
 // length, or -1 when unknown (then the body is sent chunked). The server
-// accepts up to 256 MiB and replaces the file atomically.
+// accepts up to 256 MiB and replaces the file atomically. An upload
+// refused by the server's rate limits is retried only when r is an
+// io.Seeker (a file, a bytes.Reader): it is sent again from where it
+// started (and progress starts again from 0).
 func (c *Client) Upload(ctx context.Context, sessionID, file string, r io.Reader, size int64, progress Progress) (*UploadResult, error) {
-	body := r
-	if progress != nil {
+	wrap := func(r io.Reader) io.Reader {
+		if progress == nil {
+			return r
+		}
 		progress(0, size)
-		body = &progressReader{r: r, total: size, fn: progress}
+		return &progressReader{r: r, total: size, fn: progress}
 	}
 	// A reader the transport cannot see through: ContentLength says the size.
-	req, err := c.request(ctx, http.MethodPut, filesPath(sessionID), pathQuery(file), io.NopCloser(body))
+	req, err := c.request(ctx, http.MethodPut, filesPath(sessionID), pathQuery(file), nil)
 	if err != nil {
 		return nil, err
 	}
 	req.ContentLength = size
 	if size == 0 {
 		req.Body = http.NoBody
+		if progress != nil {
+			progress(0, 0)
+		}
+	} else {
+		seekBody(req, r, wrap)
 	}
 	req.Header.Set("Content-Type", "application/octet-stream")
 	resp, err := c.send(req)

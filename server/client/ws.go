@@ -25,8 +25,32 @@ const (
 )
 
 // dialWS opens a WebSocket to an API path with the bearer token. A refused
-// handshake is the server's *Error.
+// handshake is the server's *Error; one refused with 429 or 503 and
+// Retry-After is dialed again (retry.go).
 func (c *Client) dialWS(ctx context.Context, p string, q url.Values) (*websocket.Conn, error) {
+	for attempt := 1; ; attempt++ {
+		conn, resp, err := c.dialWSOnce(ctx, p, q)
+		if err == nil || resp == nil {
+			return conn, err
+		}
+		apiErr := err.(*Error)
+		wait, ok := c.retryWait(ctx, http.MethodGet, resp.StatusCode, resp.Header, attempt)
+		if !ok {
+			return nil, apiErr
+		}
+		path := p
+		if u, err := url.Parse(c.url(p, nil)); err == nil {
+			path = u.Path
+		}
+		if err := c.waitRetry(ctx, http.MethodGet, path, attempt, wait, apiErr); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// dialWSOnce is one handshake. A refusal returns the answer (its body
+// closed) with the *Error.
+func (c *Client) dialWSOnce(ctx context.Context, p string, q url.Values) (*websocket.Conn, *http.Response, error) {
 	u := c.url(p, q)
 	switch {
 	case strings.HasPrefix(u, "https://"):
@@ -43,9 +67,9 @@ func (c *Client) dialWS(ctx context.Context, p string, q url.Values) (*websocket
 	if err != nil {
 		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols {
 			defer resp.Body.Close()
-			return nil, decodeError(resp)
+			return nil, resp, decodeError(resp)
 		}
-		return nil, err
+		return nil, nil, err
 	}
 	conn.SetReadLimit(wsReadLimit)
 	conn.SetReadDeadline(time.Now().Add(wsReadWait))
@@ -57,7 +81,7 @@ func (c *Client) dialWS(ctx context.Context, p string, q url.Values) (*websocket
 		}
 		return err
 	})
-	return conn, nil
+	return conn, nil, nil
 }
 
 // closeWhenDone closes conn when ctx ends; the returned stop ends the watch.

@@ -36,6 +36,38 @@ async function errorOf(res) {
   return new ApiError(res.status, code, message, rid);
 }
 
+// A GET the server refused for now (429 over the client's fairness limits,
+// or 503, with Retry-After) is sent again after the wait the server asks
+// for, plus a little jitter, at most RETRIES times and for waits up to
+// MAX_WAIT_MS (a person is waiting: a longer one is shown at once); then
+// the refusal is thrown, with the server's message. Other methods are
+// not retried here.
+const RETRIES = 3;
+const MAX_WAIT_MS = 10000;
+
+// retryWait is how long to wait before sending a refused GET again, or -1.
+export function retryWait(method, res, attempt) {
+  if (method !== 'GET' || attempt >= RETRIES || (res.status !== 429 && res.status !== 503)) return -1;
+  const v = (res.headers.get('Retry-After') || '').trim();
+  let ms = -1;
+  if (/^\d+$/.test(v)) ms = Number(v) * 1000;
+  else if (v && !isNaN(Date.parse(v))) ms = Math.max(0, Date.parse(v) - Date.now());
+  if (ms < 0 || ms > MAX_WAIT_MS) return -1;
+  return ms + Math.random() * Math.max(ms / 5, 50);
+}
+
+// sleep waits ms, or until signal aborts (an AbortError).
+function sleep(ms, signal) {
+  return new Promise((resolve, reject) => {
+    const abort = () => { clearTimeout(id); reject(new DOMException('The wait was aborted', 'AbortError')); };
+    const id = setTimeout(() => { if (signal) signal.removeEventListener('abort', abort); resolve(); }, ms);
+    if (signal) {
+      if (signal.aborted) abort();
+      else signal.addEventListener('abort', abort, { once: true });
+    }
+  });
+}
+
 // api calls path with the token; JSON in and out. A 401 signs the tab out.
 export async function api(method, path, body, opts = {}) {
   const headers = { Authorization: 'Bearer ' + (opts.token || token.get()) };
@@ -47,11 +79,17 @@ export async function api(method, path, body, opts = {}) {
     payload = body;
   }
   let res;
-  try {
-    res = await fetch(path, { method, headers, body: payload, cache: 'no-store', credentials: 'omit', signal: opts.signal });
-  } catch (e) {
-    if (e.name === 'AbortError') throw e;
-    throw new ApiError(0, 'network', 'The server did not answer (' + e.message + '). Is sandboxd running?', '');
+  for (let attempt = 0; ; attempt++) {
+    try {
+      res = await fetch(path, { method, headers, body: payload, cache: 'no-store', credentials: 'omit', signal: opts.signal });
+    } catch (e) {
+      if (e.name === 'AbortError') throw e;
+      throw new ApiError(0, 'network', 'The server did not answer (' + e.message + '). Is sandboxd running?', '');
+    }
+    const wait = res.ok ? -1 : retryWait(method, res, attempt);
+    if (wait < 0) break;
+    if (res.body) res.body.cancel().catch(() => {});
+    await sleep(wait, opts.signal);
   }
   if (!res.ok) {
     const err = await errorOf(res);
