@@ -150,6 +150,7 @@ func TestRealDensity(t *testing.T) {
 	}
 
 	// Exec latency with every sandbox idle around.
+	rounds0, sum0 := monitorRounds(t, h)
 	var execs []time.Duration
 	for range min(100, 2*len(ids)) {
 		id := ids[rand.IntN(len(ids))]
@@ -160,6 +161,10 @@ func TestRealDensity(t *testing.T) {
 		execs = append(execs, time.Since(ts))
 	}
 	res["idleExecP50Ms"], res["idleExecP99Ms"] = pctl(execs, 50).Milliseconds(), pctl(execs, 99).Milliseconds()
+	// The monitor's rounds meanwhile, all sandboxes running.
+	if rounds, sum := monitorRounds(t, h); rounds > rounds0 {
+		res["monitorRoundMeanMs"] = int64((sum - sum0) / float64(rounds-rounds0) * 1000)
+	}
 
 	// Busy: up to 50 sandboxes each with a CPU-bound and an I/O-bound
 	// command and a terminal open, while others are probed.
@@ -224,4 +229,22 @@ func TestRealDensity(t *testing.T) {
 	}
 	dwg.Wait()
 	res["deleteSeconds"] = time.Since(t1).Seconds()
+}
+
+// monitorRounds reads the monitor's round count and their total seconds
+// from the server's metrics.
+func monitorRounds(t *testing.T, h *harness) (uint64, float64) {
+	t.Helper()
+	mfs, err := h.s.met.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "sandboxd_monitor_round_seconds" {
+			hist := mf.GetMetric()[0].GetHistogram()
+			return hist.GetSampleCount(), hist.GetSampleSum()
+		}
+	}
+	t.Fatal("no sandboxd_monitor_round_seconds in the metrics")
+	return 0, 0
 }

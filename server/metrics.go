@@ -36,6 +36,9 @@ type metrics struct {
 	stdLogSuppressed prometheus.Counter
 	// Credits drawn by running sandboxes, as the monitor sees them accrue.
 	credits prometheus.Counter
+	// The monitor's rounds (every 5 s): at high density their length is
+	// what to watch.
+	monitorRound prometheus.Histogram
 }
 
 func newMetrics(db *store.DB) *metrics {
@@ -71,7 +74,11 @@ func newMetrics(db *store.DB) *metrics {
 	m.credits = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "sandboxd_credits_drawn_total", Help: "Usage credits drawn by running sandboxes (counted as the monitor sees them run, every 5 s, and at each stop).",
 	})
-	m.reg.MustRegister(m.requests, m.provision, m.exec, m.wsConns, m.apiConns, m.apiRefused, m.apiClientRefused, m.apiEvicted, m.limited, m.stdLogSuppressed, m.credits, sessionCollector{db},
+	m.monitorRound = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "sandboxd_monitor_round_seconds", Help: "Time one monitor round took (deaths, idle timeouts, egress counts, running time, credits, memory pressure).",
+		Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
+	})
+	m.reg.MustRegister(m.monitorRound, m.requests, m.provision, m.exec, m.wsConns, m.apiConns, m.apiRefused, m.apiClientRefused, m.apiEvicted, m.limited, m.stdLogSuppressed, m.credits, sessionCollector{db},
 		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 	return m
 }

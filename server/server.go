@@ -317,6 +317,7 @@ func newServer(cfg *config.Config, db *store.DB, rt Runtime, img string, imageEr
 		Policy: pol, Events: s.logs, Hooks: sessionHooks{s}, Rules: rules, Git: gitHost, Log: s.log,
 		Plans: cfg.Plans, Sizes: cfg.Sizes, Now: cfg.Clock,
 		OnDrawn: func(c credits.Milli) { s.met.credits.Add(c.Credits()) },
+		OnSweep: func(d time.Duration) { s.met.monitorRound.Observe(d.Seconds()) },
 	}
 	if disks, ok := rt.(sandbox.Disks); ok {
 		if opts.Storage, err = objects.NewDir(config.StorageDir(cfg.DataDir)); err != nil {

@@ -962,6 +962,9 @@ func (m *Manager) StartMonitor() {
 }
 
 func (m *Manager) sweep() {
+	if m.onSweep != nil {
+		defer func(t0 time.Time) { m.onSweep(time.Since(t0)) }(time.Now())
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	sessions, err := m.db.ListLiveSessions(ctx)

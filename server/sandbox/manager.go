@@ -163,6 +163,8 @@ type Options struct {
 	Sizes config.Sizes
 	// OnDrawn receives credits as running sessions draw them (metrics).
 	OnDrawn func(credits.Milli)
+	// OnSweep receives how long each monitor round took (metrics).
+	OnSweep func(time.Duration)
 	// MemAvailable reads the host's available memory in MiB (tests set
 	// it); nil reads MemAvailable from /proc/meminfo.
 	MemAvailable func() int
@@ -194,6 +196,7 @@ type Manager struct {
 	plans   config.Plans
 	sizes   config.Sizes
 	onDrawn func(credits.Milli)
+	onSweep func(time.Duration)
 
 	mu    sync.Mutex
 	locks map[string]*sessionLock // by pk; dropped when unused
@@ -221,7 +224,7 @@ func New(o Options) *Manager {
 		scrub: &scrubbers{base: o.Rules}, locks: map[string]*sessionLock{}, perOrg: map[string]int{},
 		activity: map[string]*activity{}, done: make(chan struct{}),
 		storage: o.Storage, disks: o.Disks, quota: o.StorageQuota, orgSaves: map[string]*sync.Mutex{},
-		plans: o.Plans, sizes: o.Sizes, onDrawn: o.OnDrawn, seen: map[string]sighting{}}
+		plans: o.Plans, sizes: o.Sizes, onDrawn: o.OnDrawn, onSweep: o.OnSweep, seen: map[string]sighting{}}
 	if m.now == nil {
 		m.now = func() time.Time { return time.Now().UTC() }
 	}
