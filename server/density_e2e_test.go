@@ -103,7 +103,7 @@ func TestRealDensity(t *testing.T) {
 		prov = append(prov, time.Since(ts))
 		ids = append(ids, id)
 		if (i+1)%100 == 0 {
-			t.Logf("%d sandboxes, %d MiB available, last provision %v", i+1, memAvailableMiB(), prov[len(prov)-1])
+			t.Logf("%d sandboxes, %d MiB available, provision p50 of the last 100 %v", i+1, memAvailableMiB(), pctl(prov[len(prov)-100:], 50))
 		}
 	}
 	res["provisioned"] = len(ids)
