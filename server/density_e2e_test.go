@@ -78,6 +78,7 @@ func TestRealDensity(t *testing.T) {
 	h.sh("d-warm", "true")
 	time.Sleep(2 * time.Second)
 	before := memAvailableMiB()
+	threadsBefore := hostThreads()
 	var ids []string
 	var prov []time.Duration
 	t0 := time.Now()
@@ -114,6 +115,9 @@ func TestRealDensity(t *testing.T) {
 	}
 	time.Sleep(10 * time.Second) // let them settle idle
 	after := memAvailableMiB()
+	// Host threads (each takes a pid: kernel.pid_max bounds them all).
+	res["hostThreadsPerIdleSandbox"] = float64(hostThreads()-threadsBefore) / float64(len(ids))
+	res["hostThreads"], res["pidMax"] = hostThreads(), readInt("/proc/sys/kernel/pid_max")
 	res["memAvailableBeforeMiB"], res["memAvailableAfterMiB"] = before, after
 	res["hostMiBPerIdleSandbox"] = float64(before-after) / float64(len(ids))
 	// The same cost read where it is charged, unperturbed by other
@@ -152,14 +156,19 @@ func TestRealDensity(t *testing.T) {
 	// Exec latency with every sandbox idle around.
 	rounds0, sum0 := monitorRounds(t, h)
 	var execs []time.Duration
+	var died []string
 	for range min(100, 2*len(ids)) {
 		id := ids[rand.IntN(len(ids))]
 		ts := time.Now()
 		if r := h.sh(id, "echo ok"); r.Stdout != "ok\n" {
-			t.Fatalf("exec in %s: %+v", id, r)
+			// Go on measuring (the run is long); say why it died.
+			t.Errorf("exec in %s: %+v; its gVisor log ends:\n%s", id, r, kernelLogTail(t, h, id))
+			died = append(died, id)
+			continue
 		}
 		execs = append(execs, time.Since(ts))
 	}
+	res["idleExecFailures"] = died
 	res["idleExecP50Ms"], res["idleExecP99Ms"] = pctl(execs, 50).Milliseconds(), pctl(execs, 99).Milliseconds()
 	// The monitor's rounds meanwhile, all sandboxes running.
 	if rounds, sum := monitorRounds(t, h); rounds > rounds0 {
@@ -247,4 +256,39 @@ func monitorRounds(t *testing.T, h *harness) (uint64, float64) {
 	}
 	t.Fatal("no sandboxd_monitor_round_seconds in the metrics")
 	return 0, 0
+}
+
+// hostThreads is the number of threads on the host (/proc/loadavg's
+// fourth field: running/total).
+func hostThreads() int {
+	b, _ := os.ReadFile("/proc/loadavg")
+	f := strings.Fields(string(b))
+	if len(f) < 4 {
+		return -1
+	}
+	_, total, _ := strings.Cut(f[3], "/")
+	n, _ := strconv.Atoi(total)
+	return n
+}
+
+func readInt(path string) int {
+	b, _ := os.ReadFile(path)
+	n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	return n
+}
+
+// kernelLogTail is the end of a session's gVisor log (kept with its disk
+// when it failed), for the failure message.
+func kernelLogTail(t *testing.T, h *harness, id string) string {
+	code, b := h.call(h.token, "GET", "/v1/sandbox/"+id, nil)
+	var ses struct{ OrgID string }
+	if code != 200 || json.Unmarshal(b, &ses) != nil {
+		return fmt.Sprintf("(session: %d %s)", code, b)
+	}
+	log, err := os.ReadFile(filepath.Join(h.cfg.DataDir, "sandboxes", cidOf(h.cfg, ses.OrgID, id), "logs", "runsc.boot.log"))
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(strings.TrimSpace(string(log)), "\n")
+	return strings.Join(lines[max(0, len(lines)-40):], "\n")
 }
