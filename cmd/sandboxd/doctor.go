@@ -24,6 +24,7 @@ import (
 	"sandboxd/runsc/image"
 	"sandboxd/server"
 	"sandboxd/server/config"
+	"sandboxd/server/sandbox"
 	"sandboxd/store"
 )
 
@@ -84,6 +85,7 @@ func (c *cli) doctor(ctx context.Context) []runsc.Finding {
 	imgs, built := c.checkImage(cfg)
 	out = append(out, imgs...)
 	out = append(out, checkDisk(cfg, built)...)
+	out = append(out, checkPids(cfg))
 	srv, lockPid := checkServer(cfg.DataDir)
 	return append(out, srv, checkListen(cfg.Listen, srv.Seen != serverStopped, lockPid))
 }
@@ -528,4 +530,31 @@ func parseListeners(s string) []tcpListener {
 		}
 	}
 	return out
+}
+
+// threadsPerSandbox is about how many host threads (each a process id) a
+// sandbox takes: 17 measured idle (TestRealDensity), more when busy.
+const threadsPerSandbox = 20
+
+// checkPids compares the host's process ids with what limits.maxSandboxes
+// sandboxes need: a sandbox that cannot make a host thread dies, so the
+// server refuses starts below limits.minFreePids.
+func checkPids(cfg *config.Config) runsc.Finding {
+	f := runsc.Finding{Name: "process ids"}
+	used, limit := sandbox.HostPids()
+	if used < 0 || limit < 0 {
+		f.Status, f.Seen = runsc.CheckWarn, "cannot read /proc/loadavg or kernel.pid_max"
+		return f
+	}
+	need := cfg.Limits.MaxSandboxes*threadsPerSandbox + cfg.Limits.MinFreePids + used
+	f.Seen = fmt.Sprintf("%d of %d in use (the smaller of kernel.pid_max and kernel.threads-max); limits.maxSandboxes %d at about %d threads each needs %d",
+		used, limit, cfg.Limits.MaxSandboxes, threadsPerSandbox, need)
+	if limit < need {
+		f.Status = runsc.CheckWarn
+		f.Seen += fmt.Sprintf(": the server will refuse starts (limits.minFreePids) at about %d sandboxes", max(0, (limit-used-cfg.Limits.MinFreePids)/threadsPerSandbox))
+		f.Fix = "raise the limit: sudo sysctl -w kernel.pid_max=4194304 (and put kernel.pid_max = 4194304 in /etc/sysctl.d/60-sandboxd.conf to keep it), or lower limits.maxSandboxes"
+		return f
+	}
+	f.Status = runsc.CheckOK
+	return f
 }

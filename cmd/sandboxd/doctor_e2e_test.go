@@ -212,7 +212,7 @@ func runDoctor(t *testing.T, bin string, args ...string) doctorRun {
 var doctorChecks = []string{"root", "config", "kernel: overlayfs", "kernel: ext4", "kernel: loop", "kernel: network namespaces",
 	"kernel: veth", "cgroups", "loop devices", "command: mount", "command: mkfs.ext4", "command: e2fsck", "runsc binary", "runsc runs",
 	"agent binary", "socket paths", "platform", "data dir", "image", "command: debootstrap", "disk: data dir",
-	"disk: image cache", "server"}
+	"disk: image cache", "process ids", "server"}
 
 // TestDoctorThisMachine: doctor on this machine with the real binaries and
 // the shared image cache finds nothing missing but, maybe, the image (built

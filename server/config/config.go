@@ -117,6 +117,11 @@ type Limits struct {
 	// MinFreeMemoryMiB: a start is refused (503) while the host has less
 	// memory available (MemAvailable).
 	MinFreeMemoryMiB int `yaml:"minFreeMemoryMiB"`
+	// MinFreePids: a start is refused (503) while fewer process ids than
+	// this are free on the host (kernel.pid_max or threads-max, less the
+	// threads running): an idle sandbox takes about 17 host threads, each
+	// a pid, and a sandbox that cannot make a thread dies.
+	MinFreePids int `yaml:"minFreePids"`
 	// PressureFreeMemoryMiB: below this much available memory the monitor
 	// pauses the coldest idle sandboxes (idle at least
 	// PressureMinIdleSeconds) with their memory; each resumes on its next
@@ -389,8 +394,8 @@ func (c *Config) validate() error {
 	if !(l.MemoryOvercommit >= 1 && l.MemoryOvercommit <= 1000) {
 		errs = append(errs, fmt.Errorf("limits.memoryOvercommit: %v is not between 1 (no overcommit) and 1000", l.MemoryOvercommit))
 	}
-	if l.MinFreeMemoryMiB < 0 || l.PressureFreeMemoryMiB < 0 || l.PressureMinIdleSeconds < 0 {
-		errs = append(errs, errors.New("limits: minFreeMemoryMiB, pressureFreeMemoryMiB and pressureMinIdleSeconds must be 0 or more"))
+	if l.MinFreeMemoryMiB < 0 || l.PressureFreeMemoryMiB < 0 || l.PressureMinIdleSeconds < 0 || l.MinFreePids < 0 {
+		errs = append(errs, errors.New("limits: minFreeMemoryMiB, pressureFreeMemoryMiB, pressureMinIdleSeconds and minFreePids must be 0 or more"))
 	}
 	if l.MaxConnsPerClient < 0 {
 		errs = append(errs, errors.New("limits.maxConnsPerClient: must be 0 (an eighth of maxAPIConns) or more"))

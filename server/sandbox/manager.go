@@ -168,6 +168,9 @@ type Options struct {
 	// MemAvailable reads the host's available memory in MiB (tests set
 	// it); nil reads MemAvailable from /proc/meminfo.
 	MemAvailable func() int
+	// PidsFree reads how many process ids the host has free (tests set
+	// it); nil reads HostPids.
+	PidsFree func() int
 }
 
 // Manager owns the lifecycle of sessions.
@@ -188,6 +191,7 @@ type Manager struct {
 	now    func() time.Time
 	// memAvailable is the host's available memory (MiB), -1 if unknown.
 	memAvailable func() int
+	pidsFree     func() int // -1 if unknown
 
 	storage Storage
 	disks   Disks
@@ -229,6 +233,16 @@ func New(o Options) *Manager {
 		m.now = func() time.Time { return time.Now().UTC() }
 	}
 	m.memAvailable = o.MemAvailable
+	m.pidsFree = o.PidsFree
+	if m.pidsFree == nil {
+		m.pidsFree = func() int {
+			used, limit := HostPids()
+			if used < 0 || limit < 0 {
+				return -1
+			}
+			return limit - used
+		}
+	}
 	if m.memAvailable == nil {
 		m.memAvailable = func() int { return meminfoMiB("MemAvailable:") }
 	}
@@ -240,6 +254,32 @@ func New(o Options) *Manager {
 }
 
 // meminfoMiB reads one field of /proc/meminfo in MiB; -1 if unreadable.
+// HostPids reads the host's threads (each takes a process id:
+// /proc/loadavg's running/total) and the most it allows (the smaller of
+// kernel.pid_max and kernel.threads-max); -1 for what it cannot read.
+func HostPids() (used, limit int) {
+	used, limit = -1, -1
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		if f := strings.Fields(string(b)); len(f) >= 4 {
+			if _, total, ok := strings.Cut(f[3], "/"); ok {
+				if n, err := strconv.Atoi(total); err == nil {
+					used = n
+				}
+			}
+		}
+	}
+	for _, p := range []string{"/proc/sys/kernel/pid_max", "/proc/sys/kernel/threads-max"} {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && (limit < 0 || n < limit) {
+			limit = n
+		}
+	}
+	return used, limit
+}
+
 func meminfoMiB(field string) int {
 	b, err := os.ReadFile("/proc/meminfo")
 	if err != nil {

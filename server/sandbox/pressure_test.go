@@ -100,3 +100,35 @@ func TestPressurePausesColdest(t *testing.T) {
 		t.Fatalf("command on a client-paused session: %v", err)
 	}
 }
+
+// A start is refused while the host is short of process ids (a sandbox
+// that cannot make a host thread dies), and admitted again once there are.
+func TestAdmissionPids(t *testing.T) {
+	var free atomic.Int64
+	free.Store(100_000)
+	e := newEnv(t)
+	e.m.pidsFree = func() int { return int(free.Load()) }
+	z, _ := e.cfg.Sizes.Resolve("")
+	if _, err := e.m.Provision(context.Background(), e.p, Spec{SessionID: "p1", Size: z}); err != nil {
+		t.Fatal(err)
+	}
+	free.Store(int64(e.cfg.Limits.MinFreePids - 1))
+	_, err := e.m.Provision(context.Background(), e.p, Spec{SessionID: "p2", Size: z})
+	if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "short of process ids") {
+		t.Fatalf("provision short of pids: %v", err)
+	}
+	if _, err := e.m.Get(context.Background(), e.p.Org.ID, "p2"); err == nil {
+		t.Fatal("the refused provision left a session")
+	}
+	free.Store(100_000)
+	if _, err := e.m.Provision(context.Background(), e.p, Spec{SessionID: "p2", Size: z}); err != nil {
+		t.Fatalf("provision once pids are free: %v", err)
+	}
+}
+
+func TestHostPids(t *testing.T) {
+	used, limit := HostPids()
+	if used < 1 || limit < used {
+		t.Fatalf("HostPids: %d of %d", used, limit)
+	}
+}
