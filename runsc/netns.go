@@ -109,9 +109,11 @@ func listNetns(prefix string) []string {
 // namespace has no other interface and forwards nothing, so from inside the
 // sandbox nothing else exists: no host port, no other sandbox, no route to
 // the internet (there is no default route: direct connections fail at once
-// with "network unreachable"). The same addresses are used in every pair;
-// the namespaces keep them apart. The host's own namespace and firewall are
-// never touched.
+// with "network unreachable"). The pair is IPv4 only: IPv6 is off on both
+// ends, so neither gets a link-local address (the sandbox would otherwise
+// reach the proxy namespace's kernel over fe80::/64). The same addresses
+// are used in every pair; the namespaces keep them apart. The host's own
+// namespace and firewall are never touched.
 const (
 	ProxyAddr   = "10.200.0.1"
 	SandboxAddr = "10.200.0.2"
@@ -176,6 +178,13 @@ func createSandboxNet(id string) (err error) {
 	if err := ph.LinkAdd(veth); err != nil {
 		return fmt.Errorf("create veth: %w", err)
 	}
+	// Before the links are up, when a link-local address would be made.
+	if err := disableIPv6(proxyNetnsName(id), "px0"); err != nil {
+		return err
+	}
+	if err := disableIPv6(id, "eth0"); err != nil {
+		return err
+	}
 	if err := addrUp(ph, "px0", ProxyAddr); err != nil {
 		return err
 	}
@@ -205,6 +214,35 @@ func addrUp(h *netlink.Handle, name, ip string) error {
 	return nil
 }
 
+// enterNamed moves the calling thread into the named namespace (inNetns's
+// enter).
+func enterNamed(name string) func() (netns.NsHandle, error) {
+	return func() (netns.NsHandle, error) {
+		h, err := netns.GetFromName(name)
+		if err != nil {
+			return h, fmt.Errorf("open netns %s: %w", name, err)
+		}
+		if err := netns.Set(h); err != nil {
+			h.Close()
+			return h, fmt.Errorf("enter netns %s: %w", name, err)
+		}
+		return h, nil
+	}
+}
+
+// disableIPv6 turns IPv6 off on link dev of the named namespace (its
+// sysctl: /proc/sys/net is the calling thread's namespace's). A kernel
+// without IPv6 has nothing to turn off.
+func disableIPv6(ns, dev string) error {
+	return inNetns(enterNamed(ns), func(netns.NsHandle) error {
+		err := os.WriteFile(filepath.Join("/proc/sys/net/ipv6/conf", dev, "disable_ipv6"), []byte("1"), 0)
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("disable IPv6 on %s: %w", dev, err)
+		}
+		return nil
+	})
+}
+
 // deleteSandboxNet removes both namespaces (the veth pair goes with them).
 func deleteSandboxNet(id string) error {
 	return errors.Join(deleteNetns(proxyNetnsName(id)), deleteNetns(id))
@@ -219,17 +257,7 @@ func (r *Runtime) ListenProxy(id string) (net.Listener, error) {
 		return nil, fmt.Errorf("container id %q not made by this runtime", id)
 	}
 	var l net.Listener
-	err := inNetns(func() (netns.NsHandle, error) {
-		px, err := netns.GetFromName(proxyNetnsName(id))
-		if err != nil {
-			return px, fmt.Errorf("open proxy netns: %w", err)
-		}
-		if err := netns.Set(px); err != nil {
-			px.Close()
-			return px, fmt.Errorf("enter proxy netns: %w", err)
-		}
-		return px, nil
-	}, func(netns.NsHandle) (err error) {
+	err := inNetns(enterNamed(proxyNetnsName(id)), func(netns.NsHandle) (err error) {
 		// The socket belongs to the namespace it was made in.
 		l, err = net.Listen("tcp4", net.JoinHostPort(ProxyAddr, strconv.Itoa(ProxyPort)))
 		if err != nil {
