@@ -99,12 +99,13 @@ test: root-check host-packages build image
 
 # The hardening suites at full size (docs/SECURITY.md, docs/BENCHMARKS.md):
 # 1,000 idle standard-1 sandboxes then 50 busy ones, fork bombs, memory
-# pressure, the warm pool's recovery. Bounded in count and time; make test
-# runs the same tests at their quick size (12 sandboxes). Figures go to
-# test-output/density.json.
+# pressure, the warm pool's recovery, the attacks from inside a sandbox
+# held a minute each. Bounded in count and time; make test runs the same
+# tests at their quick size (12 sandboxes, attacks held 8 s). Figures go
+# to test-output/density.json and test-output/attack_inside.json.
 test-hardening: root-check host-packages build image
 	SANDBOXD_BIN=$(BIN) SANDBOXD_DENSITY=1000 SANDBOXD_HARDENING=1 $(GO) test -count=1 -timeout 150m -v \
-		-run 'TestRealDensity|TestRealKillVerified|TestRealPressurePause|TestRealWarmPoolRecovers|TestHardening' ./server/
+		-run 'TestRealDensity|TestRealKillVerified|TestRealPressurePause|TestRealWarmPoolRecovers|TestRealAttackInside|TestHardening' ./server/
 
 # Tests that need neither root nor gVisor (the real ones skip in -short).
 test-unit: web

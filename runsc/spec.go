@@ -12,7 +12,7 @@ type Limits struct {
 	VCPUs     int   // CPU quota in whole CPUs, and the CPUs the sandbox sees
 	MemoryMiB int64 // memory cgroup limit, gVisor's own overhead included
 	DiskMiB   int64 // size of the sandbox's disk
-	Pids      int64 // host tasks (gVisor threads and stub processes)
+	Pids      int64 // host tasks (gVisor threads and stub processes): HostTasks of the size's
 	Processes int64 // RLIMIT_NPROC inside the sandbox (guest processes of the user)
 }
 
@@ -142,10 +142,19 @@ func UserProcess(args, env []string, cwd string) *specs.Process {
 	}
 }
 
-// DefaultProcesses derives a guest process limit from a host task limit:
-// each guest process costs about two host tasks under systrap, and gVisor
-// needs some tasks of its own. A fork bomb then meets RLIMIT_NPROC inside the
-// sandbox before the pids cgroup kills gVisor itself.
+// DefaultProcesses and HostTasks derive a sandbox's two task limits from
+// its size's pids: the guest's RLIMIT_NPROC (the user's processes and
+// threads) and the host pids cgroup (gVisor's own tasks: the Sentry's
+// threads, and a systrap stub process with threads per guest address
+// space). A fork bomb must meet RLIMIT_NPROC inside before gVisor meets
+// the cgroup: there the Sentry cannot make a thread and dies (newosproc),
+// and the sandbox with it. Measured under fork bombs (server's
+// TestRealAttackInside): 2 to over 3.7 host tasks per guest process, most
+// while a bomb ramps up, and the stub pool keeps its peak (stubs are
+// pooled, never freed; an address space is released after its process
+// stopped counting against RLIMIT_NPROC). With the cgroup at pids,
+// (pids - 64) / 3 processes reached it (512 tasks at 130 processes); at
+// twice pids gVisor has about six host tasks per guest process.
 func DefaultProcesses(pids int64) int64 {
 	n := (pids - 64) / 3
 	if n < 16 {
@@ -153,6 +162,10 @@ func DefaultProcesses(pids int64) int64 {
 	}
 	return n
 }
+
+// HostTasks is the pids cgroup limit for a size's pids (DefaultProcesses
+// says why).
+func HostTasks(pids int64) int64 { return 2 * pids }
 
 func (l Limits) validate() error {
 	switch {

@@ -29,7 +29,7 @@ func goldenSandbox() (Sandbox, sandboxPaths, string, []int) {
 			VCPUs:     1,
 			MemoryMiB: 1024,
 			DiskMiB:   8192,
-			Pids:      512,
+			Pids:      HostTasks(512),
 			Processes: DefaultProcesses(512),
 		},
 	}
@@ -241,9 +241,11 @@ func TestDefaultProcesses(t *testing.T) {
 		if got != c.want {
 			t.Errorf("DefaultProcesses(%d) = %d, want %d", c.pids, got, c.want)
 		}
-		// Guest processes (about two host tasks each) stay under the pids limit.
-		if c.pids >= 128 && 2*got+64 > c.pids {
-			t.Errorf("DefaultProcesses(%d) = %d leaves gVisor too few tasks", c.pids, got)
+		// A guest process costs gVisor up to about four host tasks (seen:
+		// 512 at 130 processes, when the Sentry died at its cgroup's
+		// limit): the host limit leaves it half as many again.
+		if c.pids >= 128 && 6*got+64 > HostTasks(c.pids) {
+			t.Errorf("DefaultProcesses(%d) = %d, HostTasks %d: too few host tasks for gVisor", c.pids, got, HostTasks(c.pids))
 		}
 	}
 }

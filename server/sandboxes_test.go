@@ -100,7 +100,7 @@ func TestAPIProvisionSizes(t *testing.T) {
 		t.Fatalf("created = %v", e.rt.Created)
 	}
 	got := e.rt.Created[0]
-	wantLimits := runsc.Limits{VCPUs: 2, MemoryMiB: 2048, DiskMiB: 16384, Pids: 1024, Processes: runsc.DefaultProcesses(1024)}
+	wantLimits := runsc.Limits{VCPUs: 2, MemoryMiB: 2048, DiskMiB: 16384, Pids: runsc.HostTasks(1024), Processes: runsc.DefaultProcesses(1024)}
 	if got.ID != e.rt.ContainerID(e.owner.Org.ID, "legacy-1") || got.Image != "/fake/image" || got.Limits != wantLimits {
 		t.Errorf("Create(%+v)", got)
 	}
@@ -404,7 +404,7 @@ func TestSizesConfigFile(t *testing.T) {
 	e.rt.Mu.Lock()
 	got := e.rt.Created[len(e.rt.Created)-1].Limits
 	e.rt.Mu.Unlock()
-	if want := (runsc.Limits{VCPUs: 4, MemoryMiB: 4096, DiskMiB: 20480, Pids: 2048, Processes: runsc.DefaultProcesses(2048)}); got != want {
+	if want := (runsc.Limits{VCPUs: 4, MemoryMiB: 4096, DiskMiB: 20480, Pids: runsc.HostTasks(2048), Processes: runsc.DefaultProcesses(2048)}); got != want {
 		t.Errorf("runtime limits = %+v, want %+v", got, want)
 	}
 	// The built-in names are gone, and the error lists the file's.

@@ -61,7 +61,7 @@ func Limits(z config.Size) runsc.Limits {
 		VCPUs:     z.VCPUs,
 		MemoryMiB: int64(z.MemoryMiB),
 		DiskMiB:   int64(z.DiskMiB),
-		Pids:      int64(z.Pids),
+		Pids:      runsc.HostTasks(int64(z.Pids)),
 		Processes: runsc.DefaultProcesses(int64(z.Pids)),
 	}
 }

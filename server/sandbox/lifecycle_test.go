@@ -58,7 +58,7 @@ func TestSizeLimits(t *testing.T) {
 		t.Fatal(err)
 	}
 	z, _ := cfg.Sizes.Resolve("small")
-	want := runsc.Limits{VCPUs: 2, MemoryMiB: 2048, DiskMiB: 16384, Pids: 1024, Processes: runsc.DefaultProcesses(1024)}
+	want := runsc.Limits{VCPUs: 2, MemoryMiB: 2048, DiskMiB: 16384, Pids: runsc.HostTasks(1024), Processes: runsc.DefaultProcesses(1024)}
 	if l := Limits(z); l != want {
 		t.Errorf("Limits = %+v, want %+v", l, want)
 	}
