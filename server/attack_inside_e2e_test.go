@@ -44,6 +44,7 @@ import (
 
 	"sandboxd/egress"
 	"sandboxd/runsc"
+	"sandboxd/server/sandbox"
 	"sandboxd/server/sessionlog"
 )
 
@@ -1311,12 +1312,12 @@ func (e *insideEnv) attackMemoryBomb(t *testing.T, facts map[string]any) {
 	stop := make(chan struct{})
 	var peak, minAvail int64 = 0, math.MaxInt64
 	sampled := make(chan struct{})
-	availBefore := int64(memAvailableMiB())
+	availBefore := int64(sandbox.MemAvailableMiB())
 	go func() {
 		defer close(sampled)
 		for {
 			peak = max(peak, cgroupFile(cid, "memory.usage_in_bytes", "memory.current"))
-			minAvail = min(minAvail, int64(memAvailableMiB()))
+			minAvail = min(minAvail, int64(sandbox.MemAvailableMiB()))
 			select {
 			case <-stop:
 				return

@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"sandboxd/server/sandbox"
 )
 
 // densityCount is how many idle standard-1 sandboxes the density test
@@ -28,17 +30,6 @@ func densityCount(t *testing.T) int {
 		return n
 	}
 	return 12
-}
-
-func memAvailableMiB() int {
-	b, _ := os.ReadFile("/proc/meminfo")
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "MemAvailable:"); ok {
-			kb, _ := strconv.Atoi(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")))
-			return kb / 1024
-		}
-	}
-	return -1
 }
 
 func pctl(ds []time.Duration, p float64) time.Duration {
@@ -64,6 +55,10 @@ func TestRealDensity(t *testing.T) {
 		cfg.Plans.List[i].MaxConcurrent = n + 8
 	}
 	cfg.Limits.PressureFreeMemoryMiB = 0 // measure the idle cost, nothing paused
+	if used, limit := sandbox.HostPids(); limit >= 0 && limit-used-cfg.Limits.MinFreePids < 32*n {
+		t.Logf("kernel.pid_max (%d, %d in use) leaves room for about %d sandboxes (31 host tasks each, %d kept free): the server will refuse before %d; sysctl -w kernel.pid_max=4194304 to go further",
+			limit, used, (limit-used-cfg.Limits.MinFreePids)/32, cfg.Limits.MinFreePids, n)
+	}
 	h := startServer(t, cfg)
 	res := map[string]any{"asked": n}
 	defer func() {
@@ -77,8 +72,8 @@ func TestRealDensity(t *testing.T) {
 	h.provision("d-warm", "standard-1")
 	h.sh("d-warm", "true")
 	time.Sleep(2 * time.Second)
-	before := memAvailableMiB()
-	threadsBefore := hostThreads()
+	before := sandbox.MemAvailableMiB()
+	threadsBefore, pidMax := sandbox.HostPids()
 	var ids []string
 	var prov []time.Duration
 	t0 := time.Now()
@@ -104,7 +99,7 @@ func TestRealDensity(t *testing.T) {
 		prov = append(prov, time.Since(ts))
 		ids = append(ids, id)
 		if (i+1)%100 == 0 {
-			t.Logf("%d sandboxes, %d MiB available, provision p50 of the last 100 %v", i+1, memAvailableMiB(), pctl(prov[len(prov)-100:], 50))
+			t.Logf("%d sandboxes, %d MiB available, provision p50 of the last 100 %v", i+1, sandbox.MemAvailableMiB(), pctl(prov[len(prov)-100:], 50))
 		}
 	}
 	res["provisioned"] = len(ids)
@@ -114,10 +109,11 @@ func TestRealDensity(t *testing.T) {
 		t.Fatal("no sandbox provisioned")
 	}
 	time.Sleep(10 * time.Second) // let them settle idle
-	after := memAvailableMiB()
+	after := sandbox.MemAvailableMiB()
 	// Host threads (each takes a pid: kernel.pid_max bounds them all).
-	res["hostThreadsPerIdleSandbox"] = float64(hostThreads()-threadsBefore) / float64(len(ids))
-	res["hostThreads"], res["pidMax"] = hostThreads(), readInt("/proc/sys/kernel/pid_max")
+	threadsAfter, _ := sandbox.HostPids()
+	res["hostThreadsPerIdleSandbox"] = float64(threadsAfter-threadsBefore) / float64(len(ids))
+	res["hostThreads"], res["pidMax"] = threadsAfter, pidMax
 	res["memAvailableBeforeMiB"], res["memAvailableAfterMiB"] = before, after
 	res["hostMiBPerIdleSandbox"] = float64(before-after) / float64(len(ids))
 	// The same cost read where it is charged, unperturbed by other
@@ -256,25 +252,6 @@ func monitorRounds(t *testing.T, h *harness) (uint64, float64) {
 	}
 	t.Fatal("no sandboxd_monitor_round_seconds in the metrics")
 	return 0, 0
-}
-
-// hostThreads is the number of threads on the host (/proc/loadavg's
-// fourth field: running/total).
-func hostThreads() int {
-	b, _ := os.ReadFile("/proc/loadavg")
-	f := strings.Fields(string(b))
-	if len(f) < 4 {
-		return -1
-	}
-	_, total, _ := strings.Cut(f[3], "/")
-	n, _ := strconv.Atoi(total)
-	return n
-}
-
-func readInt(path string) int {
-	b, _ := os.ReadFile(path)
-	n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
-	return n
 }
 
 // kernelLogTail is the end of a session's gVisor log (kept with its disk

@@ -533,8 +533,9 @@ func parseListeners(s string) []tcpListener {
 }
 
 // threadsPerSandbox is about how many host threads (each a process id) a
-// sandbox takes: 17 measured idle (TestRealDensity), more when busy.
-const threadsPerSandbox = 20
+// sandbox takes: 31 measured idle on a standard-1 (the sentry's 17
+// threads, the gofer's 9, systrap stubs, runsc), more when busy.
+const threadsPerSandbox = 32
 
 // checkPids compares the host's process ids with what limits.maxSandboxes
 // sandboxes need: a sandbox that cannot make a host thread dies, so the

@@ -119,7 +119,7 @@ type Limits struct {
 	MinFreeMemoryMiB int `yaml:"minFreeMemoryMiB"`
 	// MinFreePids: a start is refused (503) while fewer process ids than
 	// this are free on the host (kernel.pid_max or threads-max, less the
-	// threads running): an idle sandbox takes about 17 host threads, each
+	// threads running): an idle sandbox takes about 30 host tasks, each
 	// a pid, and a sandbox that cannot make a thread dies.
 	MinFreePids int `yaml:"minFreePids"`
 	// PressureFreeMemoryMiB: below this much available memory the monitor

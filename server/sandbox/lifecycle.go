@@ -369,7 +369,7 @@ func (m *Manager) reserve(org string, memMiB int, pl config.Plan) error {
 		return errdefs.Unavailable("this server's memory is in use (%d MiB available, it keeps %d MiB free); retry later", avail, m.lim.MinFreeMemoryMiB)
 	}
 	if free := m.pidsFree(); free >= 0 && free < m.lim.MinFreePids {
-		return errdefs.Unavailable("this server is short of process ids (%d free, it keeps %d free; each sandbox takes about 17 host threads); retry later", free, m.lim.MinFreePids)
+		return errdefs.Unavailable("this server is short of process ids (%d free, it keeps %d free; each sandbox takes about 30 host threads); retry later", free, m.lim.MinFreePids)
 	}
 	m.live++
 	m.perOrg[org]++

@@ -244,7 +244,7 @@ func New(o Options) *Manager {
 		}
 	}
 	if m.memAvailable == nil {
-		m.memAvailable = func() int { return meminfoMiB("MemAvailable:") }
+		m.memAvailable = MemAvailableMiB
 	}
 	m.memMax = o.Limits.MaxMemoryMiB
 	if m.memMax == 0 {
@@ -253,7 +253,6 @@ func New(o Options) *Manager {
 	return m
 }
 
-// meminfoMiB reads one field of /proc/meminfo in MiB; -1 if unreadable.
 // HostPids reads the host's threads (each takes a process id:
 // /proc/loadavg's running/total) and the most it allows (the smaller of
 // kernel.pid_max and kernel.threads-max); -1 for what it cannot read.
@@ -280,6 +279,11 @@ func HostPids() (used, limit int) {
 	return used, limit
 }
 
+// MemAvailableMiB is the host's available memory (MemAvailable) in MiB;
+// -1 if unreadable.
+func MemAvailableMiB() int { return meminfoMiB("MemAvailable:") }
+
+// meminfoMiB reads one field of /proc/meminfo in MiB; -1 if unreadable.
 func meminfoMiB(field string) int {
 	b, err := os.ReadFile("/proc/meminfo")
 	if err != nil {
