@@ -208,3 +208,78 @@ func BenchmarkScrubCeiling(b *testing.B) {
 		})
 	}
 }
+
+// floodShapes are keyword floods a sandbox user can print on purpose
+// (`yes 'token: '`): each shape repeated to fill the corpus.
+var floodShapes = []struct{ name, unit string }{
+	{"token-colon", "token:"},
+	{"yes-token", "token: \n"},
+	{"password-eq", "password="},
+	{"auth-bearer", "Authorization: Bearer "},
+	{"cookie", "Cookie: "},
+	{"secret-space", "secret "},
+	{"auth-key-space", "auth-key "},
+	{"by-name", "MISTRAL_API_KEY:"},
+	{"token-value", "token: abc123XYZ "},
+	{"eyJ", "eyJ"},
+	{"begin", "-----BEGIN "},
+}
+
+// floodCorpus repeats unit to size bytes; unit "" is every keyword of the
+// rule set in turn, each followed by one of "", " ", ":", "=", ": ",
+// "=v4lue ".
+func floodCorpus(tb testing.TB, unit string, size int) []byte {
+	if unit != "" {
+		return bytes.Repeat([]byte(unit), size/len(unit)+1)[:size]
+	}
+	var b bytes.Buffer
+	sufs := []string{"", " ", ":", "=", ": ", "=v4lue "}
+	rules := loadRules(tb)
+	for i := 0; b.Len() < size; i++ {
+		for _, r := range rules {
+			for _, k := range r.Keywords {
+				b.WriteString(k + sufs[i%len(sufs)])
+			}
+		}
+	}
+	return b.Bytes()[:size]
+}
+
+// BenchmarkScrubKeywordFlood: keyword-dense output (issue 15: such a flood
+// took about 7 s of CPU per MiB). Each shape in one 1 MiB write, in 32 KiB
+// writes and in writes of 1-100 bytes as a stream delivers them.
+func BenchmarkScrubKeywordFlood(b *testing.B) {
+	rnd := rand.New(rand.NewPCG(5, 6))
+	s, _ := benchSet(b, rnd)
+	shapes := append(floodShapes[:len(floodShapes):len(floodShapes)], struct{ name, unit string }{"all-keywords", ""})
+	small := make([]int, 0, 1<<16)
+	for range cap(small) {
+		small = append(small, 1+rnd.IntN(100))
+	}
+	for _, sh := range shapes {
+		for _, mode := range []string{"whole", "32k", "small"} {
+			b.Run(sh.name+"/"+mode, func(b *testing.B) {
+				data := floodCorpus(b, sh.unit, 1<<20)
+				b.SetBytes(int64(len(data)))
+				for b.Loop() {
+					w := s.NewWriter(io.Discard)
+					switch mode {
+					case "whole":
+						w.Write(data)
+					case "32k":
+						for off := 0; off < len(data); off += chunk {
+							w.Write(data[off:min(off+chunk, len(data))])
+						}
+					default:
+						for off, i := 0, 0; off < len(data); i++ {
+							n := min(small[i%len(small)], len(data)-off)
+							w.Write(data[off : off+n])
+							off += n
+						}
+					}
+					w.Close()
+				}
+			})
+		}
+	}
+}
