@@ -112,6 +112,7 @@ type crule struct {
 	live   *liveProg      // same program, for "can more input still match?"
 	window int            // MaxLen + 1
 	bytes  byteSet        // every byte a match can contain
+	class  int            // index of bytes among the Set's distinct byte sets
 	fast   *fastRule      // non-nil: matched without regexp
 	lab    *label
 }

@@ -21,8 +21,11 @@ type region struct {
 type scratch struct {
 	hits    []int
 	regs    []region
-	lastEnd []int // per rule: end of its last match (hits inside are skipped)
-	lastHit []int // per rule: last hit position evaluated
+	lastEnd []int     // per rule: end of its last match (hits inside are skipped)
+	lastHit []int     // per rule: last hit position evaluated
+	runs    []byteRun // per byte class (crule.class): the last run measured
+	escFrom int       // data[escFrom:escAt] holds no ESC (escAt: the first, or len(data))
+	escAt   int
 	nfa     nfaScratch
 	loc     []int
 	fast    fastState
@@ -129,6 +132,8 @@ func (s *Set) scanHits(sc *scratch, data []byte, prev int, final bool) {
 		sc.lastEnd[i] = 0
 		sc.lastHit[i] = -1
 	}
+	sc.runs = append(sc.runs[:0], make([]byteRun, s.classes)...)
+	sc.escFrom, sc.escAt = 0, -1
 	last := -2
 	for _, i := range sc.hits {
 		if i <= last || i < 0 {
@@ -209,18 +214,52 @@ func (s *Set) evalRule(sc *scratch, ri int, data []byte, i, kw, prev int, final 
 	// can contain (kept as lookahead for trailing assertions).
 	end := min(i+r.window, len(data))
 	cut := false
-	for j := i; j < end; j++ {
-		if !r.bytes.has(data[j]) {
-			end, cut = j+1, true
-			break
-		}
+	if j := sc.runs[r.class].upTo(&r.bytes, data, i, end); j < end {
+		end, cut = j+1, true
 	}
-	if bytes.IndexByte(data[i:end], 0x1b) >= 0 {
+	if sc.escBefore(data, i, end) {
 		s.evalStripped(sc, ri, data, i, kw, pb, final)
 		return
 	}
 	byLen := !cut && i+r.window <= len(data)
 	s.matchWindow(sc, ri, data[i:end], nil, i, kw, pb, !(cut || byLen) && !final, byLen)
+}
+
+// byteRun remembers, for one byte class, that data[from:to] holds only
+// bytes of the class (and, if cut, that data[to] does not). Hits are
+// evaluated in ascending order and many rules share a class, so a keyword
+// flood ("token:token:...") measures each run once instead of once per
+// hit and rule (which cost up to max_len per hit).
+type byteRun struct {
+	from, to int
+	cut, ok  bool
+}
+
+// upTo returns the first j in [i, end) with data[j] not in set, or end.
+func (b *byteRun) upTo(set *byteSet, data []byte, i, end int) int {
+	if !b.ok || i < b.from || i > b.to {
+		*b = byteRun{from: i, to: i, ok: true}
+	}
+	for !b.cut && b.to < end {
+		if !set.has(data[b.to]) {
+			b.cut = true
+			break
+		}
+		b.to++
+	}
+	return min(b.to, end)
+}
+
+// escBefore: data[i:end] holds an ESC. Like byteRun, the answer is
+// cached for the next hit.
+func (sc *scratch) escBefore(data []byte, i, end int) bool {
+	if sc.escAt < 0 || i < sc.escFrom || i > sc.escAt {
+		sc.escFrom, sc.escAt = i, len(data)
+		if k := bytes.IndexByte(data[i:], 0x1b); k >= 0 {
+			sc.escAt = i + k
+		}
+	}
+	return sc.escAt < end
 }
 
 // evalStripped is evalRule for a window that holds an ESC: a colour code
