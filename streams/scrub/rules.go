@@ -212,7 +212,7 @@ func compileRule(r Rule) (*crule, error) {
 	if err != nil {
 		return nil, errf("regex: %w", err)
 	}
-	return &crule{src: r, lb: lb, re: re, live: &liveProg{prog: prog}, window: r.MaxLen + 1,
+	return &crule{src: r, lb: lb, re: re, live: newLiveProg(prog), window: r.MaxLen + 1,
 		bytes: progBytes(prog), fast: compileFast(ast)}, nil
 }
 
