@@ -31,6 +31,14 @@ type floodScratch struct {
 	th, nth   []floodThread // per pc in cur (next)
 	stack     []floodItem
 	pend      []floodPend // threads to merge after an escape sequence
+	inj       []floodInj  // starts to add after their keyword
+}
+
+// floodInj: a start at t.j, added at at (after its keyword) with the live
+// program's cached state there.
+type floodInj struct {
+	at int
+	t  floodThread
 }
 
 // floodPend: threads that go on at at, past an escape sequence.
@@ -99,13 +107,14 @@ func (s *Set) nextRuleHit(sc *scratch, k *int, ri int32, after, lim int) int {
 }
 
 // failed is called after rule ri's evaluation at keyword i found no match
-// and no reason to wait; nfa holds the live program's run on the window.
-// It remembers where the program died and hands a flood to floodCover.
-func (s *Set) failed(sc *scratch, ri int, w []byte, pb, i, reach int) {
+// and no reason to wait: the live program died reading w[:died] (-1:
+// unknown), and the evaluation read the raw data up to reach. It
+// remembers where the program died and hands a flood to floodCover.
+func (s *Set) failed(sc *scratch, ri int, w []byte, pb, i, died, reach int) {
 	if sc.exhaustive {
 		return
 	}
-	if d := sc.nfa.died; d > 0 && d <= maxDeadKey {
+	if d := died; d > 0 && d <= maxDeadKey {
 		sc.dead[ri].add(w[:d], pb)
 	}
 	if reach-i < floodHits*3 { // keywords are 3 bytes or more
@@ -149,7 +158,10 @@ func (s *Set) floodCover(sc *scratch, ri, i, x int) {
 	if len(fs.th) < ni {
 		fs.th, fs.nth = make([]floodThread, ni), make([]floodThread, ni)
 	}
-	fs.pend = fs.pend[:0]
+	fs.pend, fs.inj = fs.pend[:0], fs.inj[:0]
+	injAt := 0 // fs.inj[injAt:] are to come
+	kc := &sc.kwState[ri]
+	useKc := kc.ok && !kc.matched && lp.eps[prog.Start] != nil
 	n := len(data)
 	limA := i + r.window
 	rawLimit := 2*r.window + 4*csiMax
@@ -166,6 +178,22 @@ func (s *Set) floodCover(sc *scratch, ri, i, x int) {
 	// add puts pc and what it reaches without input into set.
 	// (closed: pc only, its closure is in the set already.)
 	add := func(set *sparseSet, th []floodThread, pc uint32, t floodThread, ctx syntax.EmptyOp, over, closed bool) {
+		if e := lp.eps[pc]; !closed && e != nil {
+			// no assertion on the way: the closure is known
+			for _, q := range e {
+				if set.has(q) {
+					o := th[q]
+					th[q] = floodThread{min(t.j, o.j), min(t.t, o.t)}
+				} else {
+					set.add(q)
+					th[q] = t
+				}
+			}
+			if lp.epsMatch[pc] {
+				stop = min(stop, t.j)
+			}
+			return
+		}
 		stack := append(fs.stack[:0], floodItem{pc, t})
 		for len(stack) > 0 {
 			it := stack[len(stack)-1]
@@ -217,11 +245,30 @@ func (s *Set) floodCover(sc *scratch, ri, i, x int) {
 			}
 			q++
 		}
-		if len(fs.cur.dense) == 0 && len(fs.pend) == 0 && (stop != none || pos >= x || ns < 0) {
+		// starts whose keyword was stepped over with the state cached
+		for ; injAt < len(fs.inj) && fs.inj[injAt].at == pos; injAt++ {
+			if t := fs.inj[injAt].t; t.j < stop {
+				for _, pc := range kc.pcs {
+					add(&fs.cur, fs.th, pc, t, 0, false, true)
+				}
+			}
+		}
+		if injAt == len(fs.inj) {
+			fs.inj, injAt = fs.inj[:0], 0
+		}
+		if len(fs.cur.dense) == 0 && len(fs.pend) == 0 && len(fs.inj) == 0 && (stop != none || pos >= x || ns < 0) {
 			break // every thread of the starts before pos (or stop) has died
 		}
 		if ns == pos && stop == none {
-			add(&fs.cur, fs.th, uint32(prog.Start), floodThread{int32(pos), int32(pos - skipped)}, 0, true, false)
+			t := floodThread{int32(pos), int32(pos - skipped)}
+			if e := pos + kc.pos; useKc && e < n && data[e] != 0x1b && string(data[pos:e+1]) == string(kc.key) {
+				// The live program's state after this keyword and the
+				// byte after it is known (liveFrom): no assertion reads
+				// the byte before the keyword.
+				fs.inj = append(fs.inj, floodInj{e, t})
+			} else {
+				add(&fs.cur, fs.th, uint32(prog.Start), t, 0, true, false)
+			}
 			last = pos
 			ns = s.floodStart(sc, &k, ri, pos, limA)
 		}
@@ -234,6 +281,9 @@ func (s *Set) floodCover(sc *scratch, ri, i, x int) {
 				if next < 0 || p.at < next {
 					next = p.at
 				}
+			}
+			if len(fs.inj) > 0 && (next < 0 || fs.inj[injAt].at < next) {
+				next = fs.inj[injAt].at
 			}
 			if next < 0 {
 				break
@@ -293,12 +343,14 @@ func (s *Set) floodCover(sc *scratch, ri, i, x int) {
 			ctx = syntax.EmptyOpContext(byteRune(c), nr)
 		}
 		fs.next.dense = fs.next.dense[:0]
+		oldest := floodThread{math.MaxInt32, math.MaxInt32} // of the threads going on
 		for _, pc := range fs.cur.dense {
 			inst := &prog.Inst[pc]
 			t := fs.th[pc]
 			if t.j >= stop || !isRuneInst(inst.Op) {
 				continue
 			}
+			oldest = floodThread{min(oldest.j, t.j), min(oldest.t, t.t)}
 			if c < utf8.RuneSelf {
 				if lp.ascii[pc].has(c) {
 					add(&fs.next, fs.nth, inst.Out, t, ctx, over, false)
@@ -312,10 +364,13 @@ func (s *Set) floodCover(sc *scratch, ri, i, x int) {
 		fs.cur, fs.next = fs.next, fs.cur
 		fs.th, fs.nth = fs.nth, fs.th
 		pos++
+		// A start's window ends after window characters or rawLimit bytes
+		// (evalStripped); the earliest start reaches both first (but for a
+		// start inside an escape sequence).
 		for _, pc := range fs.cur.dense {
-			// A start's window ends after window characters or rawLimit
-			// bytes (evalStripped); the earliest start reaches both
-			// first (but for a start inside an escape sequence).
+			if pos-skipped-int(oldest.t) < r.window && pos-int(oldest.j) < rawLimit {
+				break // (no thread is that old)
+			}
 			if t := fs.th[pc]; (pos-skipped-int(t.t) >= r.window || pos-int(t.j) >= rawLimit) && t.j < stop {
 				stop = t.j // may reach the end of its window alive: fail closed
 			}
@@ -368,17 +423,20 @@ func byteRune(c byte) rune {
 // evalRule: the byte after the keyword, the word boundary before it, the
 // not_after words), or -1.
 func (s *Set) floodStart(sc *scratch, k *int, ri, after, lim int) int {
-	data := sc.data
-	for {
-		j := s.nextRuleHit(sc, k, int32(ri), after, lim)
-		if j < 0 {
+	for ; *k < len(sc.hits); *k++ {
+		j := sc.hits[*k]
+		if j <= after {
+			continue
+		}
+		if j >= lim {
 			return -1
 		}
-		after = j
-		if s.evaluatedAt(sc, ri, data, j) {
+		if s.evaluatedAt(sc, ri, sc.data, j) {
 			return j
 		}
+		after = j
 	}
+	return -1
 }
 
 // evaluatedAt: evalAnchor and evalRule would run rule ri at j (a keyword

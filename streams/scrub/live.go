@@ -14,6 +14,11 @@ type liveProg struct {
 	ascii []byteSet // per instruction: the ASCII bytes a rune instruction takes
 	// nonASCII per instruction: it takes some rune >= 0x80 (or U+FFFD).
 	nonASCII []bool
+	// eps per instruction: the instructions reached from it without input
+	// (itself first), nil if an assertion is on the way; epsMatch: a match
+	// is among them.
+	eps      [][]uint32
+	epsMatch []bool
 }
 
 func newLiveProg(prog *syntax.Prog) *liveProg {
@@ -37,6 +42,35 @@ func newLiveProg(prog *syntax.Prog) *liveProg {
 			for _, r := range inst.Rune {
 				p.nonASCII[pc] = p.nonASCII[pc] || r >= utf8.RuneSelf
 			}
+		}
+	}
+	p.eps, p.epsMatch = make([][]uint32, len(prog.Inst)), make([]bool, len(prog.Inst))
+	for pc := range prog.Inst {
+		seen := map[uint32]bool{}
+		var list []uint32
+		stack := []uint32{uint32(pc)}
+		plain := true
+		for len(stack) > 0 && plain {
+			q := stack[len(stack)-1]
+			stack = stack[:len(stack)-1]
+			if seen[q] {
+				continue
+			}
+			seen[q] = true
+			list = append(list, q)
+			switch inst := &prog.Inst[q]; inst.Op {
+			case syntax.InstAlt, syntax.InstAltMatch:
+				stack = append(stack, inst.Arg, inst.Out)
+			case syntax.InstCapture, syntax.InstNop:
+				stack = append(stack, inst.Out)
+			case syntax.InstEmptyWidth:
+				plain = false
+			case syntax.InstMatch:
+				p.epsMatch[pc] = true
+			}
+		}
+		if plain {
+			p.eps[pc] = list
 		}
 	}
 	return p

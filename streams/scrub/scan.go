@@ -35,6 +35,11 @@ type scratch struct {
 	stream bool
 	base   int64
 	resume []liveResume
+	// The last scan's prefilter candidates (stream offsets) and the end of
+	// its data (prefilterScan).
+	pfOK   bool
+	pfEnd  int64
+	pfHits []int64
 	// Per rule: the live program's state after the last keyword it ran
 	// from (liveFrom).
 	kwState []liveResume
@@ -98,7 +103,7 @@ func (s *Set) scan(sc *scratch, data []byte, prev int, final, flush bool) (hold,
 	defer func() { sc.data = nil }()
 	sc.hits = sc.hits[:0]
 	if s.pf != nil { // nil in a known-values-only Set (Pair)
-		sc.hits = s.pf.scan(data, sc.hits)
+		s.prefilterScan(sc, data)
 	}
 	if !final && s.pf != nil {
 		for p := max(0, n-3); p < n; p++ {
@@ -134,6 +139,50 @@ func (s *Set) scan(sc *scratch, data []byte, prev int, final, flush bool) (hold,
 	}
 	return sc.hold, max(sc.hold, sc.rel)
 }
+
+// prefilterScan puts the prefilter's candidate starts for data in sc.hits.
+// A Writer's scan reuses the last scan's for the bytes it had already
+// seen (all but the last few, whose candidates depend on bytes after
+// them): a Writer rescans a held candidate as it grows, and the prefilter
+// is most of a rescan of a keyword flood.
+func (s *Set) prefilterScan(sc *scratch, data []byte) {
+	reuse := 0
+	if sc.stream && !sc.exhaustive && sc.pfOK {
+		if keep := sc.pfEnd - pfOverlap - sc.base; keep > 0 && keep <= int64(len(data)) {
+			reuse = int(keep)
+			for _, h := range sc.pfHits {
+				if h -= sc.base; h >= 0 && h < keep {
+					sc.hits = append(sc.hits, int(h))
+				}
+			}
+		}
+	}
+	if reuse == 0 {
+		sc.hits = s.pf.scan(data, sc.hits)
+	} else {
+		from := len(sc.hits)
+		sc.hits = s.pf.scan(data[reuse:], sc.hits)
+		out := sc.hits[:from]
+		for _, h := range sc.hits[from:] {
+			if h >= 0 { // (a start before data[reuse:] is among the reused)
+				out = append(out, h+reuse)
+			}
+		}
+		sc.hits = out
+	}
+	sc.pfOK = sc.stream
+	if sc.pfOK {
+		sc.pfEnd = sc.base + int64(len(data))
+		sc.pfHits = sc.pfHits[:0]
+		for _, h := range sc.hits {
+			sc.pfHits = append(sc.pfHits, sc.base+int64(h))
+		}
+	}
+}
+
+// pfOverlap: the prefilter's candidates for the last bytes of data depend
+// on bytes after them (tailStarts, windows from minOff to maxOff+4).
+const pfOverlap = 8
 
 // scanHits evaluates the prefilter's candidate starts before sc.hold (in
 // flush mode: before sc.rel).
@@ -488,7 +537,7 @@ func (s *Set) matchWindow(sc *scratch, ri int, w []byte, sp []int32, i, kw, pb i
 			return
 		}
 		if !matched {
-			s.failed(sc, ri, w, pb, i, end(sc.nfa.reach))
+			s.failed(sc, ri, w, pb, i, sc.nfa.died, end(sc.nfa.reach))
 			return
 		}
 		ran = true
@@ -500,7 +549,7 @@ func (s *Set) matchWindow(sc *scratch, ri int, w []byte, sp []int32, i, kw, pb i
 		var alive, matched bool
 		alive, matched = s.liveRun(sc, ri, w, i, kw, pb, atEnd)
 		if !alive && !matched {
-			s.failed(sc, ri, w, pb, i, end(sc.nfa.reach))
+			s.failed(sc, ri, w, pb, i, sc.nfa.died, end(sc.nfa.reach))
 			return
 		}
 		ran = true
@@ -527,13 +576,18 @@ func (s *Set) matchWindow(sc *scratch, ri int, w []byte, sp []int32, i, kw, pb i
 				return
 			}
 		} else if !ran {
+			if ok && sc.fast.far > maxDeadKey {
+				// too long to remember: the fast matcher's reach will do
+				s.failed(sc, ri, w, pb, i, -1, end(sc.fast.far))
+				return
+			}
 			s.liveRun(sc, ri, w, i, kw, pb, atEnd) // where did it die?
 		}
 		reach := sc.nfa.reach
 		if reach < 0 {
 			reach = len(w) // still alive at the end of a complete window
 		}
-		s.failed(sc, ri, w, pb, i, end(reach))
+		s.failed(sc, ri, w, pb, i, sc.nfa.died, end(reach))
 		return
 	}
 	sc.lastEnd[ri] = end(loc[1])
