@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 )
@@ -223,6 +224,12 @@ var floodShapes = []struct{ name, unit string }{
 	{"token-value", "token: abc123XYZ "},
 	{"eyJ", "eyJ"},
 	{"begin", "-----BEGIN "},
+	// a keyword repeated up to a newline, coloured keywords, PEM-like
+	// blocks that never end
+	{"token>-run", strings.Repeat("token>", 1333) + "\n"},
+	{"eyJ-run", strings.Repeat("eyJ", 2666) + "\n"},
+	{"coloured", "token>\x1b[0m"},
+	{"pem-blocks", "-----BEGIN RSA PRIVATE KEY-----\n" + strings.Repeat("QUJDRA", 300) + "\n"},
 }
 
 // floodCorpus repeats unit to size bytes; unit "" is every keyword of the
