@@ -437,6 +437,9 @@ func (s *Set) evalStripped(sc *scratch, ri int, data []byte, i, kw, pb int, fina
 	// whether the rule is already decided: a keyword flood then costs what
 	// the rule reads, not the window (up to 2*max_len) per keyword.
 	goal := 64
+	if rs := &sc.resume[ri]; sc.stream && !sc.exhaustive && rs.ok && rs.start == sc.base+int64(i) && rs.pb == pb {
+		goal = max(goal, 2*(rs.pos+1)) // an earlier scan's run got that far alive
+	}
 	var sw []byte
 	var sp []int32
 	var cut, pending bool
