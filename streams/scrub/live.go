@@ -19,6 +19,8 @@ type liveProg struct {
 	// is among them.
 	eps      [][]uint32
 	epsMatch []bool
+	// assertions: the program has one (else no context is computed).
+	assertions bool
 }
 
 func newLiveProg(prog *syntax.Prog) *liveProg {
@@ -46,6 +48,7 @@ func newLiveProg(prog *syntax.Prog) *liveProg {
 	}
 	p.eps, p.epsMatch = make([][]uint32, len(prog.Inst)), make([]bool, len(prog.Inst))
 	for pc := range prog.Inst {
+		p.assertions = p.assertions || prog.Inst[pc].Op == syntax.InstEmptyWidth
 		seen := map[uint32]bool{}
 		var list []uint32
 		stack := []uint32{uint32(pc)}
@@ -175,6 +178,15 @@ func (p *liveProg) resume(sc *nfaScratch, in []byte, prev int, final bool, f liv
 	r, w := decode(in, 0)
 	atEnd := len(in) == 0 && !final
 	add := func(set *sparseSet, pc uint32, ctx syntax.EmptyOp, atEnd bool) {
+		if e := p.eps[pc]; e != nil && !set.has(pc) {
+			for _, q := range e { // no assertion on the way
+				if !set.has(q) {
+					set.add(q)
+				}
+			}
+			matched = matched || p.epsMatch[pc]
+			return
+		}
 		stack := append(sc.stack[:0], pc)
 		for len(stack) > 0 {
 			pc := stack[len(stack)-1]
@@ -258,12 +270,15 @@ func (p *liveProg) resume(sc *nfaScratch, in []byte, prev int, final bool, f liv
 			}
 			return alive, matched
 		}
-		if !final && !utf8.FullRune(in[pos:]) {
+		if !final && in[pos] >= utf8.RuneSelf && !utf8.FullRune(in[pos:]) {
 			return true, matched // a rune may still be completing
 		}
 		npos := pos + w
 		nr, nw := decode(in, npos)
-		ctx := syntax.EmptyOpContext(r, nr)
+		var ctx syntax.EmptyOp
+		if p.assertions {
+			ctx = syntax.EmptyOpContext(r, nr)
+		}
 		nAtEnd := npos == len(in) && !final
 		sc.next.dense = sc.next.dense[:0]
 		ppos, pmatched = pos, matched
