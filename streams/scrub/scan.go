@@ -198,7 +198,10 @@ func (s *Set) scanHits(sc *scratch, data []byte, prev int, final bool) {
 		sc.lastEnd[i] = 0
 		sc.lastHit[i] = -1
 	}
-	sc.runs = append(sc.runs[:0], make([]byteRun, s.classes)...)
+	if len(sc.runs) != s.classes {
+		sc.runs = make([]byteRun, s.classes)
+	}
+	clear(sc.runs)
 	if len(sc.strips) < s.classes {
 		sc.strips = make([]stripCache, s.classes)
 	}
