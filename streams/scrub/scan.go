@@ -134,6 +134,9 @@ func (s *Set) scan(sc *scratch, data []byte, prev int, final, flush bool) (hold,
 		}
 		sc.hold = h
 	}
+	if s.pf != nil {
+		sc.keepHits(n, sc.hold)
+	}
 	if !flush {
 		return sc.hold, sc.hold
 	}
@@ -170,11 +173,19 @@ func (s *Set) prefilterScan(sc *scratch, data []byte) {
 		}
 		sc.hits = out
 	}
-	sc.pfOK = sc.stream
-	if sc.pfOK {
-		sc.pfEnd = sc.base + int64(len(data))
-		sc.pfHits = sc.pfHits[:0]
-		for _, h := range sc.hits {
+	sc.pfOK = false // until keepHits
+}
+
+// keepHits remembers, after a Writer's scan, the prefilter's candidates in
+// data[hold:], the bytes the Writer keeps for its next scan.
+func (sc *scratch) keepHits(n, hold int) {
+	if sc.pfOK = sc.stream; !sc.pfOK {
+		return
+	}
+	sc.pfEnd = sc.base + int64(n)
+	sc.pfHits = sc.pfHits[:0]
+	for _, h := range sc.hits { // (ascending but for the tail starts)
+		if h >= hold {
 			sc.pfHits = append(sc.pfHits, sc.base+int64(h))
 		}
 	}
