@@ -114,6 +114,7 @@ func (s *Set) failed(sc *scratch, ri int, w []byte, pb, i, died, reach int) {
 	if sc.exhaustive {
 		return
 	}
+	sc.lastFail[ri] = i
 	if d := died; d > 0 && d <= maxDeadKey {
 		sc.dead[ri].add(w[:d], pb)
 	}

@@ -3,6 +3,7 @@ package scrub
 import (
 	"bytes"
 	"encoding/binary"
+	"math"
 	"regexp/syntax"
 	"slices"
 )
@@ -21,15 +22,18 @@ type region struct {
 type scratch struct {
 	hits    []int
 	regs    []region
-	lastEnd []int        // per rule: end of its last match (hits inside are skipped)
-	lastHit []int        // per rule: last hit position evaluated
-	runs    []byteRun    // per byte class (crule.class): the last run measured
-	strips  []stripCache // per byte class: the last stripped window built
-	dead    []deadEnd    // per rule: the last window prefix its program died on
-	flood   floodScratch
-	data    []byte // the scan's data and whether it ends the stream (during scan)
-	final   bool
-	hitIdx  int // index in hits of the keyword being evaluated
+	lastEnd []int // per rule: end of its last match (hits inside are skipped)
+	lastHit []int // per rule: last hit position evaluated
+	// per rule: the last keyword it failed at (a dead end is looked for
+	// only in failures close together)
+	lastFail []int
+	runs     []byteRun    // per byte class (crule.class): the last run measured
+	strips   []stripCache // per byte class: the last stripped window built
+	dead     []deadEnd    // per rule: the last window prefix its program died on
+	flood    floodScratch
+	data     []byte // the scan's data and whether it ends the stream (during scan)
+	final    bool
+	hitIdx   int // index in hits of the keyword being evaluated
 	// A Writer's scans: data[0] is at stream offset base, and live runs
 	// on open windows resume where the last scan's stopped (per rule).
 	stream bool
@@ -205,9 +209,13 @@ func (s *Set) scanHits(sc *scratch, data []byte, prev int, final bool) {
 	}
 	sc.lastEnd = sc.lastEnd[:len(s.rules)]
 	sc.lastHit = sc.lastHit[:len(s.rules)]
+	if len(sc.lastFail) != len(s.rules) {
+		sc.lastFail = make([]int, len(s.rules))
+	}
 	for i := range sc.lastEnd {
 		sc.lastEnd[i] = 0
 		sc.lastHit[i] = -1
+		sc.lastFail[i] = math.MinInt / 2
 	}
 	if len(sc.runs) != s.classes {
 		sc.runs = make([]byteRun, s.classes)
@@ -376,6 +384,10 @@ type deadKey struct {
 }
 
 const deadEnds = 4
+
+// deadNear: a failure within this many bytes of the rule's last one looks
+// for its dead end (a live run) to remember.
+const deadNear = 256
 
 // maxDeadKey bounds a remembered prefix (most die within a few bytes of
 // the keyword; a periodic flood's windows repeat too).
@@ -593,8 +605,9 @@ func (s *Set) matchWindow(sc *scratch, ri int, w []byte, sp []int32, i, kw, pb i
 				return
 			}
 		} else if !ran {
-			if ok && sc.fast.far > maxDeadKey {
-				// too long to remember: the fast matcher's reach will do
+			if ok && (sc.fast.far > maxDeadKey || i-sc.lastFail[ri] > deadNear) {
+				// Too long to remember, or no flood (the rule's last
+				// failure is far): the fast matcher's reach will do.
 				s.failed(sc, ri, w, pb, i, -1, end(sc.fast.far))
 				return
 			}
