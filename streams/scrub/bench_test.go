@@ -7,6 +7,9 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"runtime"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -131,7 +134,10 @@ func benchScrub(b *testing.B, data []byte, s *Set) {
 	baseMBs := float64(len(data)) * float64(iters) / time.Since(start).Seconds() / 1e6
 	b.SetBytes(int64(len(data)))
 	b.ReportAllocs()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	b.ResetTimer()
+	cpu0 := threadCPU()
 	for b.Loop() {
 		w := s.NewWriter(io.Discard)
 		for off := 0; off < len(data); off += chunk {
@@ -142,6 +148,7 @@ func benchScrub(b *testing.B, data []byte, s *Set) {
 	mbs := float64(len(data)) * float64(b.N) / b.Elapsed().Seconds() / 1e6
 	b.ReportMetric(baseMBs, "baseline-MB/s")
 	b.ReportMetric(mbs/baseMBs, "ratio")
+	b.ReportMetric(float64(len(data))*float64(b.N)/(threadCPU()-cpu0).Seconds()/1e6, "cpu-MB/s")
 }
 
 func BenchmarkScrubClean(b *testing.B) {
@@ -207,4 +214,98 @@ func BenchmarkScrubCeiling(b *testing.B) {
 			b.ReportMetric(float64(kv.stride), "stride")
 		})
 	}
+}
+
+// floodShapes are keyword floods a sandbox user can print on purpose
+// (`yes 'token: '`): each shape repeated to fill the corpus.
+var floodShapes = []struct{ name, unit string }{
+	{"token-colon", "token:"},
+	{"yes-token", "token: \n"},
+	{"password-eq", "password="},
+	{"auth-bearer", "Authorization: Bearer "},
+	{"cookie", "Cookie: "},
+	{"secret-space", "secret "},
+	{"auth-key-space", "auth-key "},
+	{"by-name", "MISTRAL_API_KEY:"},
+	{"token-value", "token: abc123XYZ "},
+	{"eyJ", "eyJ"},
+	{"begin", "-----BEGIN "},
+	// a keyword repeated up to a newline, coloured keywords, PEM-like
+	// blocks that never end
+	{"token>-run", strings.Repeat("token>", 1333) + "\n"},
+	{"eyJ-run", strings.Repeat("eyJ", 2666) + "\n"},
+	{"coloured", "token>\x1b[0m"},
+	{"pem-blocks", "-----BEGIN RSA PRIVATE KEY-----\n" + strings.Repeat("QUJDRA", 300) + "\n"},
+}
+
+// floodCorpus repeats unit to size bytes; unit "" is every keyword of the
+// rule set in turn, each followed by one of "", " ", ":", "=", ": ",
+// "=v4lue ".
+func floodCorpus(tb testing.TB, unit string, size int) []byte {
+	if unit != "" {
+		return bytes.Repeat([]byte(unit), size/len(unit)+1)[:size]
+	}
+	var b bytes.Buffer
+	sufs := []string{"", " ", ":", "=", ": ", "=v4lue "}
+	rules := loadRules(tb)
+	for i := 0; b.Len() < size; i++ {
+		for _, r := range rules {
+			for _, k := range r.Keywords {
+				b.WriteString(k + sufs[i%len(sufs)])
+			}
+		}
+	}
+	return b.Bytes()[:size]
+}
+
+// BenchmarkScrubKeywordFlood: keyword-dense output (issue 15: such a flood
+// took about 7 s of CPU per MiB). Each shape in one 1 MiB write, in 32 KiB
+// writes and in writes of 1-100 bytes as a stream delivers them. cpu-MB/s
+// is per second of the benchmark thread's own CPU time: on a shared
+// machine it moves less than the wall-clock MB/s.
+func BenchmarkScrubKeywordFlood(b *testing.B) {
+	rnd := rand.New(rand.NewPCG(5, 6))
+	s, _ := benchSet(b, rnd)
+	shapes := append(floodShapes[:len(floodShapes):len(floodShapes)], struct{ name, unit string }{"all-keywords", ""})
+	small := make([]int, 0, 1<<16)
+	for range cap(small) {
+		small = append(small, 1+rnd.IntN(100))
+	}
+	for _, sh := range shapes {
+		for _, mode := range []string{"whole", "32k", "small"} {
+			b.Run(sh.name+"/"+mode, func(b *testing.B) {
+				data := floodCorpus(b, sh.unit, 1<<20)
+				b.SetBytes(int64(len(data)))
+				runtime.LockOSThread()
+				defer runtime.UnlockOSThread()
+				cpu0 := threadCPU()
+				for b.Loop() {
+					w := s.NewWriter(io.Discard)
+					switch mode {
+					case "whole":
+						w.Write(data)
+					case "32k":
+						for off := 0; off < len(data); off += chunk {
+							w.Write(data[off:min(off+chunk, len(data))])
+						}
+					default:
+						for off, i := 0, 0; off < len(data); i++ {
+							n := min(small[i%len(small)], len(data)-off)
+							w.Write(data[off : off+n])
+							off += n
+						}
+					}
+					w.Close()
+				}
+				b.ReportMetric(float64(len(data))*float64(b.N)/(threadCPU()-cpu0).Seconds()/1e6, "cpu-MB/s")
+			})
+		}
+	}
+}
+
+// threadCPU is the calling thread's CPU time (user and system).
+func threadCPU() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(1, &ru) // RUSAGE_THREAD
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -76,9 +76,28 @@
 // bounded window (MaxLen+1 bytes, cut after the first byte no match can
 // contain). Rules of a simple shape run on a small backtracking matcher
 // with regexp's priorities (fast.go, checked against regexp in tests);
-// others use Go's regexp. A keyword whose next byte cannot continue any
+// others run the live program (live.go) first and Go's regexp only if a
+// match is possible. A keyword whose next byte cannot continue any
 // match (e.g. "tokenizer") is dropped early; one preceded by a rule's
 // not_after word ("jsonweb" of jsonwebtoken) is skipped.
+//
+// Keyword floods (a sandbox printing `yes 'token: '` on purpose to burn
+// the server's CPU) stay linear, with the output of evaluating every
+// keyword: each byte class's run is measured once per scan, not per
+// keyword and rule; per rule the last few window prefixes its program
+// died on are kept, so a repeated keyword that fails costs a compare; the
+// live program resumes where the last scan's run on the same open window
+// stopped, or after the keyword if the last run began with the same bytes;
+// a window with escape sequences is built in doubling steps, one build per
+// byte class serving the keywords that follow; a Writer's rescan of the
+// bytes it holds reuses the prefilter's candidates for them. When a failed evaluation
+// read past 8 more keywords of its rule (a value class that runs long
+// before the rule fails: "token>" or "eyJ" repeated up to a newline),
+// one pass of the rule's program started at each of them, threads merged
+// (flood.go), proves that they fail too, up to the first that might match
+// or outlive its window; that one and the rest are evaluated as usual.
+// So every byte is read by a bounded number of evaluations of each rule
+// (TestKeywordFloodsLinear, TestFloodsAgainstReference, BenchmarkScrubKeywordFlood).
 //
 // Known values (kv.go): every 4-character substring (gram) of every form
 // is in a hash table and a 2^22-bit bitmap. The raw data is sampled every
@@ -99,7 +118,9 @@
 // whose trailing character or padding has not arrived, or the start of any
 // match reaching past one of these. The hold-back is bounded by the
 // longest rule window or anchor: a candidate that outgrows its MaxLen while
-// it could still match fails closed (the window is redacted). Released
+// it could still match fails closed (the window is redacted), and so does
+// one whose window of escape sequences and characters reaches 2*MaxLen+128
+// bytes first. Released
 // bytes are final, so without Flush a Writer's output is exactly Redact of
 // the whole stream, for any split into writes (the fuzz test checks this).
 // Arbitrary bytes pass: invalid UTF-8, escape sequences and \r are data
@@ -123,8 +144,9 @@
 // checks this too). Close releases everything.
 //
 // A Writer holds at most the longest rule window (max_len + 1, 64 KiB at
-// most; twice that plus 128 bytes when the window holds escape sequences)
-// or, for known values, the longest form times 33 bytes (a match may have
+// most; twice that plus 128 bytes when the window holds escape sequences;
+// during a keyword flood the window plus that, until the pass over the
+// flood's keywords is decided) or, for known values, the longest form times 33 bytes (a match may have
 // up to 32 separator bytes between characters) plus 32 bytes of an
 // undecided escape sequence; peak memory per stream is that plus one
 // write. A Pair holds at most twice a Writer's. A scan restarts at its

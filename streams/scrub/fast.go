@@ -263,6 +263,7 @@ type fastState struct {
 	caps  []int
 	steps int
 	stack []int // backtrack positions of greedy repeats
+	far   int   // how many bytes of w the match read (or looked at)
 }
 
 func (st *fastState) pushStart() int { return len(st.stack) }
@@ -280,7 +281,7 @@ func (st *fastState) pop() int {
 // slice in loc (reused), or nil if there is no match. ok=false: the work
 // bound was hit and the caller must use the regexp.
 func (f *fastRule) match(st *fastState, w []byte, prev int, loc []int) ([]int, bool) {
-	st.w, st.prev, st.steps, st.stack = w, prev, 0, st.stack[:0]
+	st.w, st.prev, st.steps, st.stack, st.far = w, prev, 0, st.stack[:0], 0
 	n := 2 * (f.ncap + 1)
 	if cap(st.caps) < n {
 		st.caps = make([]int, n)
@@ -334,6 +335,7 @@ func (f *fastRule) try(st *fastState, k, pos int) int {
 			after := -1
 			if pos < len(w) {
 				after = int(w[pos])
+				st.far = max(st.far, pos+1)
 			}
 			wb := isWordByte(before) != isWordByte(after)
 			if wb != (it.op == syntax.EmptyWordBoundary) {
@@ -342,6 +344,7 @@ func (f *fastRule) try(st *fastState, k, pos int) int {
 			k++
 		case itLits:
 			if len(it.lits) == 1 {
+				st.far = max(st.far, min(len(w), pos+len(it.lits[0])))
 				if !hasLit(w[pos:], it.lits[0], it.fold) {
 					return -1
 				}
@@ -350,6 +353,7 @@ func (f *fastRule) try(st *fastState, k, pos int) int {
 				continue
 			}
 			for _, l := range it.lits {
+				st.far = max(st.far, min(len(w), pos+len(l)))
 				if hasLit(w[pos:], l, it.fold) {
 					if e := f.try(st, k+1, pos+len(l)); e != -1 {
 						return e
@@ -364,6 +368,7 @@ func (f *fastRule) try(st *fastState, k, pos int) int {
 			// advance min times
 			for count < it.min {
 				q, ok := it.step(w, p)
+				st.far = max(st.far, min(len(w), max(q, p+1)))
 				if !ok {
 					return -1
 				}
@@ -383,6 +388,7 @@ func (f *fastRule) try(st *fastState, k, pos int) int {
 						return -1
 					}
 					q, ok := it.step(w, p)
+					st.far = max(st.far, min(len(w), max(q, p+1)))
 					if !ok {
 						return -1
 					}
@@ -399,6 +405,7 @@ func (f *fastRule) try(st *fastState, k, pos int) int {
 				st.push(p)
 				p, count = q, count+1
 			}
+			st.far = max(st.far, min(len(w), p+utf8.UTFMax)) // (the rune that stopped it)
 			if k+1 == len(f.items) {
 				st.popTo(stack)
 				return p // nothing follows: the longest wins

@@ -112,6 +112,7 @@ type crule struct {
 	live   *liveProg      // same program, for "can more input still match?"
 	window int            // MaxLen + 1
 	bytes  byteSet        // every byte a match can contain
+	class  int            // index of bytes among the Set's distinct byte sets
 	fast   *fastRule      // non-nil: matched without regexp
 	lab    *label
 }
@@ -211,7 +212,7 @@ func compileRule(r Rule) (*crule, error) {
 	if err != nil {
 		return nil, errf("regex: %w", err)
 	}
-	return &crule{src: r, lb: lb, re: re, live: &liveProg{prog: prog}, window: r.MaxLen + 1,
+	return &crule{src: r, lb: lb, re: re, live: newLiveProg(prog), window: r.MaxLen + 1,
 		bytes: progBytes(prog), fast: compileFast(ast)}, nil
 }
 

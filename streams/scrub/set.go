@@ -22,6 +22,7 @@ type Set struct {
 	pf      *prefilter
 	kv      *kvIndex // nil without known values
 	reg     *registry
+	classes int       // distinct crule.bytes (crule.class)
 	pool    sync.Pool // *scratch
 }
 
@@ -119,7 +120,7 @@ func (s *Set) WithValues(values map[string]string) (*Set, error) {
 	slices.SortFunc(errs, func(a, b error) int { return strings.Compare(a.Error(), b.Error()) })
 	// The rules' anchors and prefilter are the parent's (immutable); only
 	// the known values are compiled again.
-	n := &Set{rules: s.rules, values: vals, reg: s.reg, anchors: s.anchors, pf: s.pf}
+	n := &Set{rules: s.rules, values: vals, reg: s.reg, anchors: s.anchors, pf: s.pf, classes: s.classes}
 	n.buildValues()
 	return n, errors.Join(errs...)
 }
@@ -153,7 +154,14 @@ func (s *Set) Counts() map[string]int64 {
 
 func (s *Set) build() {
 	kw := make(map[string]int)
+	classes := make(map[byteSet]int)
 	for ri, r := range s.rules {
+		c, ok := classes[r.bytes]
+		if !ok {
+			c = len(classes)
+			classes[r.bytes] = c
+		}
+		r.class = c
 		for _, k := range r.src.Keywords {
 			lk := strings.ToLower(k)
 			ai, ok := kw[lk]
@@ -175,6 +183,7 @@ func (s *Set) build() {
 			}
 		}
 	}
+	s.classes = len(classes)
 	s.pf = newPrefilter(s.anchors, func(i int) byteSet {
 		var f byteSet
 		for _, ri := range s.anchors[i].rules {

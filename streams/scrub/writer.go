@@ -135,6 +135,7 @@ func (w *Writer) Counts() map[string]int64 {
 // in buf as context). data[:w.emitted] has been written out already.
 func (w *Writer) process(data []byte, final, fresh, flush bool) {
 	w.sc.before = w.before
+	w.sc.stream, w.sc.base = true, w.base
 	hold, rel := w.set.scan(&w.sc, data, w.prev, final, flush)
 	from := w.emitted
 	to := max(hold, from, rel)
