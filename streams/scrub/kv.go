@@ -55,7 +55,8 @@ type kvIndex struct {
 	tab    gramTable
 	one    byteSet  // lower-case characters of the forms
 	two    []uint64 // 2^16 bits: 2-character substrings
-	three  []uint64 // 2^20 bits (hashed): 3-character substrings
+	three  []uint64 // 2^log3 bits (hashed): 3-character substrings
+	log3   int
 	stride int
 }
 
@@ -69,8 +70,10 @@ var sepClass = func() (t [256]byte) {
 }()
 
 // normForm lowers ASCII letters and drops separator bytes.
-func normForm(s string) []byte {
-	var b []byte
+func normForm(s string) []byte { return appendNorm(nil, s) }
+
+// appendNorm appends normForm(s) to b.
+func appendNorm(b []byte, s string) []byte {
 	for i := 0; i < len(s); i++ {
 		if c := s[i]; c >= 0x21 {
 			b = append(b, lowerByte(c))
@@ -80,7 +83,7 @@ func normForm(s string) []byte {
 }
 
 func newKVIndex(values []namedValue, labs map[string]*label) *kvIndex {
-	kv := &kvIndex{two: make([]uint64, 1<<10), three: make([]uint64, 1<<14)}
+	kv := &kvIndex{two: make([]uint64, 1<<10)}
 	seen := map[string]int{} // form string -> index in kv.forms
 	add := func(s []byte, m int, lab *label) {
 		m = max(m, min(kvMinM, len(s)))
@@ -100,11 +103,15 @@ func newKVIndex(values []namedValue, labs map[string]*label) *kvIndex {
 		lab := labs[v.name]
 		k := KnownRun(len(v.value))
 		for _, f := range valueForms([]byte(v.value)) {
-			var s []byte
+			size := 0
+			for _, p := range f.pieces {
+				size += len(p)
+			}
+			s := make([]byte, 0, size)
 			ends := make([]int, 0, len(f.pieces)+1) // ends[i]: len(s) before piece i
 			for _, p := range f.pieces {
 				ends = append(ends, len(s))
-				s = append(s, normForm(p)...)
+				s = appendNorm(s, p)
 			}
 			ends = append(ends, len(s))
 			m := -1
@@ -153,23 +160,29 @@ func newKVIndex(values []namedValue, labs map[string]*label) *kvIndex {
 	}
 	kv.log = min(kvBitsLog, max(12, bits.Len(uint(128*n)))) // tested at every sample: sparser
 	kv.logL = min(kvBitsLog, max(12, bits.Len(uint(32*nL))))
+	kv.log3 = min(20, max(10, bits.Len(uint(16*(n+nL))))) // only read at a write's end
+	kv.three = make([]uint64, 1<<(kv.log3-6))
 	kv.bits = make([]uint64, 1<<(kv.log-6))
 	kv.bitsL = make([]uint64, 1<<(kv.logL-6))
-	grams := map[uint32][]kvOcc{}
+	// Every gram of every form as key<<32 | its index in occ (forms and
+	// offsets in order), sorted: flat lists of 16 bytes a gram rather than
+	// a map of slices, so building costs about what the table keeps.
+	total := 0
+	for _, f := range kv.forms {
+		total += max(0, len(f.s)-kvQ+1)
+	}
+	occ := make([]kvOcc, 0, total)
+	keys := make([]uint64, 0, total)
 	for fi := range kv.forms {
 		f := &kv.forms[fi]
 		bm, lg := kv.bits, kv.log
 		if f.m >= kvLongM {
 			bm, lg = kv.bitsL, kv.logL
 		}
-		fs := map[uint32]bool{}
 		for j := 0; j+kvQ <= len(f.s); j++ {
 			key := binary.LittleEndian.Uint32(f.s[j:]) | fold4
-			if fs[key] {
-				f.rep = true
-			}
-			fs[key] = true
-			grams[key] = append(grams[key], kvOcc{int32(fi), int32(j)})
+			keys = append(keys, uint64(key)<<32|uint64(len(occ)))
+			occ = append(occ, kvOcc{int32(fi), int32(j)})
 			h := gramHash(key, lg)
 			bm[h>>6] |= 1 << (h & 63)
 		}
@@ -180,18 +193,26 @@ func newKVIndex(values []namedValue, labs map[string]*label) *kvIndex {
 				kv.two[x>>6] |= 1 << (x & 63)
 			}
 			if j+2 < len(f.s) {
-				x := hash3(uint32(c) | uint32(f.s[j+1])<<8 | uint32(f.s[j+2])<<16)
+				x := hash3(uint32(c)|uint32(f.s[j+1])<<8|uint32(f.s[j+2])<<16, kv.log3)
 				kv.three[x>>6] |= 1 << (x & 63)
 			}
 		}
 	}
-	kv.tab.build(grams)
+	slices.Sort(keys) // by key, then form and offset (occ's order)
+	for i := 1; i < len(keys); i++ {
+		if keys[i]>>32 == keys[i-1]>>32 {
+			if o := occ[uint32(keys[i])]; o.form == occ[uint32(keys[i-1])].form {
+				kv.forms[o.form].rep = true
+			}
+		}
+	}
+	kv.tab.build(keys, occ)
 	return kv
 }
 
 func gramHash(key uint32, log int) uint32 { return (key * hashMul) >> (32 - log) }
 
-func hash3(x uint32) uint32 { return (x * 0x85EBCA77) >> (32 - 20) }
+func hash3(x uint32, log int) uint32 { return (x * 0x85EBCA77) >> (32 - log) }
 
 // test: key may be a gram of a short-match form, or (long) of any form.
 func (kv *kvIndex) test(key uint32, long bool) bool {
@@ -214,25 +235,33 @@ type gramSlot struct {
 	off, n int32
 }
 
-func (t *gramTable) build(m map[uint32][]kvOcc) {
+// build fills the table from sorted grams (key<<32 | index in occ).
+func (t *gramTable) build(sorted []uint64, occ []kvOcc) {
+	keys := 0
+	for i := range sorted {
+		if i == 0 || sorted[i]>>32 != sorted[i-1]>>32 {
+			keys++
+		}
+	}
 	n := 16
-	for n < 2*len(m) {
+	for n < 2*keys {
 		n *= 2
 	}
 	t.slots = make([]gramSlot, n)
 	t.mask = uint32(n - 1)
-	keys := make([]uint32, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys) // deterministic layout
-	for _, k := range keys {
+	t.occ = make([]kvOcc, len(sorted))
+	for i := 0; i < len(sorted); {
+		k, e := uint32(sorted[i]>>32), i
+		for e < len(sorted) && uint32(sorted[e]>>32) == k {
+			t.occ[e] = occ[uint32(sorted[e])]
+			e++
+		}
 		h := winHash(k) & t.mask
 		for t.slots[h].n != 0 {
 			h = (h + 1) & t.mask
 		}
-		t.slots[h] = gramSlot{k, int32(len(t.occ)), int32(len(m[k]))}
-		t.occ = append(t.occ, m[k]...)
+		t.slots[h] = gramSlot{k, int32(i), int32(e - i)}
+		i = e
 	}
 }
 
@@ -1021,6 +1050,6 @@ func (kv *kvIndex) hasShort(t []byte) bool {
 		x := uint32(t[0]) | uint32(t[1])<<8
 		return kv.two[x>>6]&(1<<(x&63)) != 0
 	}
-	x := hash3(uint32(t[0]) | uint32(t[1])<<8 | uint32(t[2])<<16)
+	x := hash3(uint32(t[0])|uint32(t[1])<<8|uint32(t[2])<<16, kv.log3)
 	return kv.three[x>>6]&(1<<(x&63)) != 0
 }

@@ -52,14 +52,14 @@ func valueForms(v []byte) []formSpec {
 		b []byte // the value's bytes of one character (one byte if invalid UTF-8)
 		r rune   // utf8.RuneError for an invalid byte
 	}
-	var units []unit
+	units := make([]unit, 0, len(v))
 	for i := 0; i < len(v); {
 		r, size := utf8.DecodeRune(v[i:])
 		units = append(units, unit{v[i : i+size], r})
 		i += size
 	}
 	perUnit := func(name string, enc func(u unit) string) formSpec {
-		f := formSpec{name: name}
+		f := formSpec{name: name, pieces: make([]string, 0, len(v))}
 		for _, u := range units {
 			f.pieces = append(f.pieces, enc(u))
 			for range len(u.b) - 1 {
@@ -69,7 +69,7 @@ func valueForms(v []byte) []formSpec {
 		return f
 	}
 	perByte := func(name string, enc func(c byte) string) formSpec {
-		f := formSpec{name: name}
+		f := formSpec{name: name, pieces: make([]string, 0, len(v))}
 		for _, c := range v {
 			f.pieces = append(f.pieces, enc(c))
 		}

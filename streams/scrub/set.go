@@ -3,14 +3,26 @@ package scrub
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 )
 
 // MinValueLen is the shortest known value that is registered.
 const MinValueLen = 6
+
+// MaxValueLen is the longest known value that is registered, and
+// MaxValuesLen the most bytes of values one WithValues call takes: every
+// encoding of a value is indexed (about 70 bytes of forms and 900 bytes
+// of memory per value byte; MemoryBytes), so these bound one Set's index
+// to about 30 MB and its build to about a second.
+const (
+	MaxValueLen  = 16 << 10
+	MaxValuesLen = 32 << 10
+)
 
 // Set is an immutable compiled scrubber: rules plus known values. It is
 // safe for concurrent use; its counters are shared with every Set derived
@@ -100,13 +112,22 @@ func (e *ValueError) Error() string {
 func (s *Set) WithValues(values map[string]string) (*Set, error) {
 	var errs []error
 	vals := slices.Clone(s.values)
-	for name, v := range values {
+	total := 0
+	// In name order, so which values are over MaxValuesLen does not depend
+	// on the map's order.
+	for _, name := range slices.Sorted(maps.Keys(values)) {
+		v := values[name]
 		switch {
 		case !validName(name):
 			errs = append(errs, &ValueError{Name: name, Reason: "name must be 1..128 printable characters without ']'"})
 		case len(v) < MinValueLen:
 			errs = append(errs, &ValueError{Name: name, Reason: fmt.Sprintf("value shorter than %d bytes", MinValueLen)})
+		case len(v) > MaxValueLen:
+			errs = append(errs, &ValueError{Name: name, Reason: fmt.Sprintf("value longer than %d bytes", MaxValueLen)})
+		case total+len(v) > MaxValuesLen:
+			errs = append(errs, &ValueError{Name: name, Reason: fmt.Sprintf("values over %d bytes in all", MaxValuesLen)})
 		default:
+			total += len(v)
 			vals = append(vals, namedValue{name, v})
 		}
 	}
@@ -135,6 +156,21 @@ func validName(name string) bool {
 		}
 	}
 	return true
+}
+
+// MemoryBytes is about how much memory the Set's known values take (their
+// index; the rules are shared with the Set it was derived from).
+func (s *Set) MemoryBytes() int {
+	kv := s.kv
+	if kv == nil {
+		return 0
+	}
+	n := 8 * (len(kv.bits) + len(kv.bitsL) + len(kv.two) + len(kv.three))
+	n += int(unsafe.Sizeof(gramSlot{}))*len(kv.tab.slots) + int(unsafe.Sizeof(kvOcc{}))*len(kv.tab.occ)
+	for _, f := range kv.forms {
+		n += len(f.s) + int(unsafe.Sizeof(f))
+	}
+	return n
 }
 
 // Counts returns the redaction counters: rule id -> count and
