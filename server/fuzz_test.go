@@ -260,10 +260,15 @@ func checkProvision(t *testing.T, s *Server, req *provisionRequest) {
 	}
 	checkEnvOK(t, req.Env)
 	checkEnvOK(t, req.Secrets)
+	total := 0
 	for k, v := range req.Secrets {
-		if len(v) < scrub.MinValueLen {
+		if len(v) < scrub.MinValueLen || len(v) > scrub.MaxValueLen {
 			t.Fatalf("accepted the secret %s of %d bytes", k, len(v))
 		}
+		total += len(v)
+	}
+	if total > scrub.MaxValuesLen {
+		t.Fatalf("accepted %d bytes of secrets", total)
 	}
 }
 

@@ -60,10 +60,20 @@ func (s *Server) validateProvision(req *provisionRequest) (config.Size, error) {
 	if e := checkEnv("secrets", req.Secrets); e != nil {
 		return config.Size{}, e
 	}
+	total := 0
 	for _, k := range slices.Sorted(maps.Keys(req.Secrets)) {
-		if v := req.Secrets[k]; len(v) < scrub.MinValueLen {
+		v := req.Secrets[k]
+		switch {
+		case len(v) < scrub.MinValueLen:
 			return config.Size{}, badRequest("secrets: value of %s is shorter than %d bytes and cannot be redacted safely; it was not accepted", k, scrub.MinValueLen)
+		case len(v) > scrub.MaxValueLen:
+			// Every encoding of a secret is indexed for redaction.
+			return config.Size{}, badRequest("secrets: value of %s is %d bytes, over the %d KiB a secret may have; put a large credential in a file in the workspace and a short one in secrets", k, len(v), scrub.MaxValueLen>>10)
 		}
+		total += len(v)
+	}
+	if total > scrub.MaxValuesLen {
+		return config.Size{}, badRequest("secrets: %d bytes in all, over the %d KiB a session's secrets may have", total, scrub.MaxValuesLen>>10)
 	}
 	if t := req.IdleTimeoutSeconds; t != nil && (*t < 0 || *t > 7*24*3600) {
 		return config.Size{}, badRequest("idleTimeoutSeconds: must be 0-604800")

@@ -2,9 +2,11 @@ package server
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -39,6 +41,8 @@ func TestAPIProvisionValidation(t *testing.T) {
 		{"bad env name", map[string]any{"sessionId": "s1", "env": map[string]string{"1A": "x"}}, "invalid_request", "env:"},
 		{"short secret", map[string]any{"sessionId": "s1", "secrets": map[string]string{"TOKEN": "abc"}}, "invalid_request", "TOKEN"},
 		{"secret NUL", map[string]any{"sessionId": "s1", "secrets": map[string]string{"TOKEN": "abcdef\x00gh"}}, "invalid_request", "secrets:"},
+		{"long secret", map[string]any{"sessionId": "s1", "secrets": map[string]string{"TOKEN": strings.Repeat("k", 16<<10+1)}}, "invalid_request", "over the 16 KiB a secret may have"},
+		{"too many secret bytes", map[string]any{"sessionId": "s1", "secrets": map[string]string{"A": strings.Repeat("a", 16<<10), "B": strings.Repeat("b", 16<<10), "C": "c-secret-1"}}, "invalid_request", "over the 32 KiB a session's secrets may have"},
 		{"idle negative", map[string]any{"sessionId": "s1", "idleTimeoutSeconds": -1}, "invalid_request", "idleTimeoutSeconds"},
 		{"idle too long", map[string]any{"sessionId": "s1", "idleTimeoutSeconds": 7*24*3600 + 1}, "invalid_request", "idleTimeoutSeconds"},
 		{"unknown project", map[string]any{"sessionId": "s1", "projectId": "prj_nope"}, "invalid_request", "projectId"},
@@ -60,6 +64,38 @@ func TestAPIProvisionValidation(t *testing.T) {
 	}
 	// None of the ids was consumed.
 	e.provision(e.token, map[string]any{"sessionId": "s1"})
+}
+
+// The memory kept for redacting secrets (limits.maxSecretsMemoryMiB) is a
+// budget over the sessions: a provision whose secrets would go over gets a
+// 503 and leaves nothing; when a session is deleted, its share is back.
+func TestAPIProvisionSecretsMemory(t *testing.T) {
+	e := newAPIEnv(t, func(c *config.Config) { c.Limits.MaxSecretsMemoryMiB = 8 })
+	secret := func(c byte) string { // about 5 MiB of index each
+		r := rand.New(rand.NewPCG(uint64(c), 1))
+		b := make([]byte, 3072)
+		for i := range b {
+			b[i] = byte(r.Uint32())
+		}
+		return base64.StdEncoding.EncodeToString(b)
+	}
+	e.provision(e.token, map[string]any{"sessionId": "first", "secrets": map[string]string{"KEY": secret('a')}})
+	msg := apiError(t, e.do("POST", "/v1/sandbox", e.token, map[string]any{"sessionId": "second", "secrets": map[string]string{"KEY": secret('b')}}), http.StatusServiceUnavailable, "unavailable")
+	if !strings.Contains(msg, "of the 8 MiB it keeps for redacting them") {
+		t.Errorf("message %q", msg)
+	}
+	if n := len(e.rt.CallsWith("create")); n != 1 {
+		t.Errorf("Create called %d times", n)
+	}
+	if l := e.list(e.token); len(l) != 1 {
+		t.Errorf("sessions: %+v", l)
+	}
+	// Sessions without secrets are not refused.
+	e.provision(e.token, map[string]any{"sessionId": "plain"})
+	if rec := e.do("DELETE", "/v1/sandbox/first", e.token, nil); rec.Code != http.StatusNoContent {
+		t.Fatalf("delete: %d %s", rec.Code, rec.Body)
+	}
+	e.provision(e.token, map[string]any{"sessionId": "second", "secrets": map[string]string{"KEY": secret('b')}})
 }
 
 func TestAPIProvisionGitHubNotConnected(t *testing.T) {

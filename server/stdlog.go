@@ -16,6 +16,9 @@ const (
 	stdLogRate    = 2
 	stdLogBurst   = 10
 	stdLogMaxLine = 1024
+	// stdLogMaxScrub: longer lines are cut before scrubbing (a redaction
+	// can be much shorter than the secret it replaces).
+	stdLogMaxScrub = 64 << 10
 )
 
 // stdLog receives what the standard library's log package prints:
@@ -43,7 +46,14 @@ func (w *stdLog) Write(p []byte) (int, error) {
 		w.s.met.stdLogSuppressed.Inc()
 		return len(p), nil
 	}
-	line := w.s.sessions.AllSessionsScrubber().Redact(bytes.TrimRight(p, "\n"))
+	// Each session's scrubber reads the line (RedactAllSessions): cut what
+	// could never be shown before that. A cut secret's part of 12 or more
+	// characters is still redacted.
+	p = bytes.TrimRight(p, "\n")
+	if len(p) > stdLogMaxScrub {
+		p = p[:stdLogMaxScrub]
+	}
+	line := w.s.sessions.RedactAllSessions(p)
 	if len(line) > stdLogMaxLine {
 		line = append(line[:stdLogMaxLine:stdLogMaxLine], "..."...)
 	}

@@ -122,6 +122,12 @@ type Limits struct {
 	// threads running): an idle sandbox takes about 30 host tasks, each
 	// a pid, and a sandbox that cannot make a thread dies.
 	MinFreePids int `yaml:"minFreePids"`
+	// MaxSecretsMemoryMiB: the memory the server keeps for redacting the
+	// secrets of its sessions (each secret's encodings are indexed, about
+	// 1 KB per secret byte; at most 32 KiB of secrets a session); a
+	// provision that would go over is refused (503). 0: an eighth of the
+	// host's memory.
+	MaxSecretsMemoryMiB int `yaml:"maxSecretsMemoryMiB"`
 	// PressureFreeMemoryMiB: below this much available memory the monitor
 	// pauses the coldest idle sandboxes (idle at least
 	// PressureMinIdleSeconds) with their memory; each resumes on its next
@@ -394,8 +400,8 @@ func (c *Config) validate() error {
 	if !(l.MemoryOvercommit >= 1 && l.MemoryOvercommit <= 1000) {
 		errs = append(errs, fmt.Errorf("limits.memoryOvercommit: %v is not between 1 (no overcommit) and 1000", l.MemoryOvercommit))
 	}
-	if l.MinFreeMemoryMiB < 0 || l.PressureFreeMemoryMiB < 0 || l.PressureMinIdleSeconds < 0 || l.MinFreePids < 0 {
-		errs = append(errs, errors.New("limits: minFreeMemoryMiB, pressureFreeMemoryMiB, pressureMinIdleSeconds and minFreePids must be 0 or more"))
+	if l.MinFreeMemoryMiB < 0 || l.PressureFreeMemoryMiB < 0 || l.PressureMinIdleSeconds < 0 || l.MinFreePids < 0 || l.MaxSecretsMemoryMiB < 0 {
+		errs = append(errs, errors.New("limits: minFreeMemoryMiB, pressureFreeMemoryMiB, pressureMinIdleSeconds, minFreePids and maxSecretsMemoryMiB must be 0 or more"))
 	}
 	if l.MaxConnsPerClient < 0 {
 		errs = append(errs, errors.New("limits.maxConnsPerClient: must be 0 (an eighth of maxAPIConns) or more"))

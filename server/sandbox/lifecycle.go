@@ -231,7 +231,10 @@ func (m *Manager) Provision(ctx context.Context, p store.Principal, spec Spec) (
 			return store.Session{}, err
 		}
 	}
-	m.scrub.forSession(ses.ID, spec.Secrets) // what startLocked uses, without reading them back
+	// What startLocked uses, without reading them back.
+	if err := m.scrub.admit(ses.ID, spec.Secrets); err != nil {
+		return store.Session{}, err
+	}
 	undo.push(func() { m.scrub.forget(ses.ID) })
 	m.hang("provision-inserted")
 	if err := m.startLocked(ctx, ses, z, false, &undo); err != nil {

@@ -246,6 +246,10 @@ func New(o Options) *Manager {
 	if m.memAvailable == nil {
 		m.memAvailable = MemAvailableMiB
 	}
+	m.scrub.budget = o.Limits.MaxSecretsMemoryMiB << 20
+	if m.scrub.budget == 0 {
+		m.scrub.budget = max(0, meminfoMiB("MemTotal:")/8) << 20
+	}
 	m.memMax = o.Limits.MaxMemoryMiB
 	if m.memMax == 0 {
 		m.memMax = meminfoMiB("MemTotal:") - 2048

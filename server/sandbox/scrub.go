@@ -1,10 +1,13 @@
 package sandbox
 
 import (
+	"cmp"
 	"context"
+	"slices"
 	"sync"
 	"time"
 
+	"sandboxd/server/errdefs"
 	"sandboxd/streams/scrub"
 )
 
@@ -27,20 +30,29 @@ func (m *Manager) Scrubber(pk string) *scrub.Set {
 	return m.scrub.forSession(pk, secrets)
 }
 
-// AllSessionsScrubber is one scrubber with the rules and the secrets of
-// every session whose scrubber is cached (among them every session whose
-// egress listener runs), for text no session can be told from, such as the
-// standard library's log lines.
-func (m *Manager) AllSessionsScrubber() *scrub.Set { return m.scrub.allSessions() }
+// RedactAllSessions redacts text no session can be told from, such as the
+// standard library's log lines, with the rules and the secrets of every
+// session whose scrubber is cached (among them every session whose egress
+// listener runs). It runs each such session's scrubber in turn rather than
+// keeping one more index of everybody's secrets: such lines are few
+// (rate-limited), and the index would double the secrets' memory.
+func (m *Manager) RedactAllSessions(b []byte) []byte { return m.scrub.redactAll(b) }
 
 // scrubbers caches each session's compiled scrubber.
 type scrubbers struct {
-	base    *scrub.Set
-	mu      sync.Mutex
-	m       map[string]*scrub.Set        // by pk
-	secrets map[string]map[string]string // by pk, sessions with secrets in m
-	all     *scrub.Set                   // see allSessions; nil after secrets changed
+	base *scrub.Set
+	// budget: the most memory (bytes) the cached sessions' secrets may
+	// take, checked at provision (admit); 0 = no limit.
+	budget int
+	mu     sync.Mutex
+	m      map[string]*scrub.Set // by pk
+	// info: the cached sessions that have secrets (redactAll's order and
+	// the budget).
+	info map[string]secretsInfo
+	used int // bytes: the sum of info's
 }
+
+type secretsInfo struct{ longest, bytes int }
 
 // withSecrets compiles the rules with a session's secrets. Values were
 // validated at provision; WithValues keeps every valid one.
@@ -53,37 +65,73 @@ func (s *scrubbers) withSecrets(secrets map[string]string) *scrub.Set {
 }
 
 func (s *scrubbers) forSession(pk string, secrets map[string]string) *scrub.Set {
+	set, _ := s.add(pk, secrets, false)
+	return set
+}
+
+// admit compiles and caches a new session's scrubber, unless its secrets
+// would take the cached sessions' secrets over the budget.
+func (s *scrubbers) admit(pk string, secrets map[string]string) error {
+	_, err := s.add(pk, secrets, true)
+	return err
+}
+
+func (s *scrubbers) add(pk string, secrets map[string]string, checkBudget bool) (*scrub.Set, error) {
+	if set, ok := s.cached(pk); ok {
+		return set, nil
+	}
+	// Compiled outside the lock: the largest secrets take about a second.
+	set := s.withSecrets(secrets)
+	size := set.MemoryBytes()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if set, ok := s.m[pk]; ok {
-		return set
+	if old, ok := s.m[pk]; ok {
+		return old, nil
 	}
-	set := s.withSecrets(secrets)
+	if checkBudget && s.budget > 0 && size > 0 && s.used+size > s.budget {
+		return nil, errdefs.Unavailable("the secrets of this server's sessions take %d MiB of the %d MiB it keeps for redacting them (these take %d MiB); retry later, or with fewer or shorter secrets",
+			s.used>>20, s.budget>>20, (size+1<<20-1)>>20)
+	}
 	if len(secrets) > 0 {
-		if s.secrets == nil {
-			s.secrets = map[string]map[string]string{}
+		if s.info == nil {
+			s.info = map[string]secretsInfo{}
 		}
-		s.secrets[pk] = secrets
-		s.all = nil
+		longest := 0
+		for _, v := range secrets {
+			longest = max(longest, len(v))
+		}
+		s.info[pk] = secretsInfo{longest, size}
+		s.used += size
 	}
 	if s.m == nil {
 		s.m = map[string]*scrub.Set{}
 	}
 	s.m[pk] = set
-	return set
+	return set, nil
 }
 
-func (s *scrubbers) allSessions() *scrub.Set {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.all == nil {
-		set := s.base
-		for _, sec := range s.secrets {
-			set, _ = set.WithValues(sec)
-		}
-		s.all = set
+// redactAll: sessions with the longest values first, so that a value
+// another session's value contains is redacted whole, not cut around the
+// shorter one into pieces each too short to be redacted.
+func (s *scrubbers) redactAll(b []byte) []byte {
+	type entry struct {
+		set     *scrub.Set
+		longest int
 	}
-	return s.all
+	s.mu.Lock()
+	sets := make([]entry, 0, len(s.info))
+	for pk, in := range s.info {
+		sets = append(sets, entry{s.m[pk], in.longest})
+	}
+	s.mu.Unlock()
+	if len(sets) == 0 {
+		return s.base.Redact(b)
+	}
+	slices.SortFunc(sets, func(a, b entry) int { return cmp.Compare(b.longest, a.longest) })
+	for _, e := range sets {
+		b = e.set.Redact(b)
+	}
+	return b
 }
 
 func (s *scrubbers) cached(pk string) (*scrub.Set, bool) {
@@ -96,9 +144,7 @@ func (s *scrubbers) cached(pk string) (*scrub.Set, bool) {
 func (s *scrubbers) forget(pk string) {
 	s.mu.Lock()
 	delete(s.m, pk)
-	if _, ok := s.secrets[pk]; ok {
-		delete(s.secrets, pk)
-		s.all = nil
-	}
+	s.used -= s.info[pk].bytes
+	delete(s.info, pk)
 	s.mu.Unlock()
 }

@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"strings"
 	"sync"
 	"testing"
 
@@ -67,3 +68,33 @@ var builtinRules = sync.OnceValue(func() *scrub.Set {
 	}
 	return base
 })
+
+// redactAll runs every cached session's scrubber: each session's secrets
+// are redacted, a value inside another session's longer value does not cut
+// the longer one into pieces too short to redact, and a forgotten
+// session's secrets are no longer known.
+func TestRedactAllSessions(t *testing.T) {
+	s := &scrubbers{base: builtinRules()}
+	long := "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJ" // 46 bytes
+	s.forSession("a", map[string]string{"LONG": long})
+	s.forSession("b", map[string]string{"MID": long[17:29]}) // 12 bytes inside it
+	s.forSession("c", map[string]string{"OTHER": "c-secret-4711-zz"})
+	s.forSession("d", nil)
+	for range 20 { // map order varies
+		got := string(s.redactAll([]byte("x " + long + " y c-secret-4711-zz z " + long[17:29] + " | token ghp_" + strings.Repeat("a", 36))))
+		// MID alone is 12 bytes of LONG too: the longer goes first.
+		want := "x [REDACTED:LONG] y [REDACTED:OTHER] z [REDACTED:LONG] | token [REDACTED:github-token]"
+		if got != want {
+			t.Fatalf("redactAll = %q, want %q", got, want)
+		}
+	}
+	s.forget("c")
+	if got := string(s.redactAll([]byte("c-secret-4711-zz"))); got != "c-secret-4711-zz" {
+		t.Errorf("a forgotten session's secret is still redacted: %q", got)
+	}
+	s.forget("a")
+	s.forget("b")
+	if got := string(s.redactAll([]byte("ghp_" + strings.Repeat("a", 36)))); got != "[REDACTED:github-token]" {
+		t.Errorf("with no secrets left, the rules still apply: %q", got)
+	}
+}
