@@ -9,7 +9,7 @@ BIN     := $(CURDIR)/bin
 GOFLAGS := -trimpath
 export CGO_ENABLED := 0
 
-.PHONY: all build web root-check host-packages image run test test-hardening fuzz test-unit bench install install-files fmt
+.PHONY: all build web root-check host-packages host-sysctl image run test test-hardening fuzz test-unit bench install install-files fmt
 
 all: build
 
@@ -44,10 +44,23 @@ host-packages: root-check
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$need; \
 	fi
 
+# Every host thread takes a process id and an idle sandbox holds about 30:
+# limits.maxSandboxes (1,000) needs more than the kernel's old default
+# kernel.pid_max of 32,768. Raised (never lowered) to 4,194,304, systemd's
+# default on 64-bit hosts, and kept in /etc/sysctl.d; sandboxd doctor says
+# what is left when the kernel refuses.
+host-sysctl: root-check
+	@cur=$$(cat /proc/sys/kernel/pid_max 2>/dev/null || echo 0); \
+	if [ "$$cur" -lt 4194304 ]; then \
+		echo "raising kernel.pid_max from $$cur to 4194304 (/etc/sysctl.d/60-sandboxd.conf)"; \
+		mkdir -p /etc/sysctl.d && echo 'kernel.pid_max = 4194304' > /etc/sysctl.d/60-sandboxd.conf; \
+		echo 4194304 > /proc/sys/kernel/pid_max || echo "could not raise kernel.pid_max: see sandboxd doctor"; \
+	fi
+
 image: root-check host-packages build
 	$(BIN)/sandboxd image
 
-run: root-check host-packages build
+run: root-check host-packages host-sysctl build
 	$(BIN)/sandboxd serve $(ARGS)
 
 # Random fuzzing of every fuzz target, each bounded by a count of inputs
@@ -88,7 +101,7 @@ fuzz: root-check
 		$(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $${n}x -fuzzminimizetime 5s $$pkg; \
 	done
 
-test: root-check host-packages build image
+test: root-check host-packages host-sysctl build image
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 	$(GO) vet ./...
 	@# Every fuzz target runs its seed corpus (with every input it ever
@@ -103,7 +116,7 @@ test: root-check host-packages build image
 # held a minute each. Bounded in count and time; make test runs the same
 # tests at their quick size (12 sandboxes, attacks held 8 s). Figures go
 # to test-output/density.json and test-output/attack_inside.json.
-test-hardening: root-check host-packages build image
+test-hardening: root-check host-packages host-sysctl build image
 	SANDBOXD_BIN=$(BIN) SANDBOXD_DENSITY=1000 SANDBOXD_HARDENING=1 $(GO) test -count=1 -timeout 150m -v \
 		-run 'TestRealDensity|TestRealKillVerified|TestRealPressurePause|TestRealWarmPoolRecovers|TestRealAttackInside|TestHardening' ./server/
 
@@ -124,7 +137,7 @@ bench: root-check host-packages build image
 PREFIX  ?= /usr/local
 DESTDIR ?=
 LIBDIR  := $(DESTDIR)$(PREFIX)/lib/sandboxd
-install: root-check host-packages build install-files
+install: root-check host-packages host-sysctl build install-files
 	@echo "installed; start it with: sudo systemctl enable --now sandboxd (check the machine first: sudo sandboxd doctor)"
 
 # What install copies, from an existing build (cmd/sandboxd's test stages it in a DESTDIR).
