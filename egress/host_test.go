@@ -114,3 +114,18 @@ func FuzzNormalizeHost(f *testing.F) {
 		}
 	})
 }
+
+// A refusal names an IPv6 literal with its port in brackets ("[::1]:443"),
+// so the address and the port can be told apart.
+func TestDenyTextIPv6(t *testing.T) {
+	cases := map[string]string{
+		denyText(ReasonIPLiteral, "2001:db8::1", 443):    `"[2001:db8::1]:443" is an IP address`,
+		denyText(ReasonIPLiteral, "10.0.0.1", 80):        `"10.0.0.1:80" is an IP address`,
+		denyText(ReasonNotAllowlisted, "example.com", 0): `"example.com" is not in`,
+	}
+	for got, want := range cases {
+		if !strings.Contains(got, want) {
+			t.Errorf("%q lacks %q", got, want)
+		}
+	}
+}

@@ -458,7 +458,7 @@ func (p *Proxy) refuseRaw(c *sessConn, status int, statusText, reason, body stri
 func denyText(reason, host string, port int) string {
 	hp := strconv.Quote(host)
 	if port > 0 {
-		hp = strconv.Quote(host + ":" + strconv.Itoa(port))
+		hp = strconv.Quote(net.JoinHostPort(host, strconv.Itoa(port)))
 	}
 	var why string
 	switch reason {

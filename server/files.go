@@ -124,7 +124,8 @@ func (s *Server) getFiles(c *gin.Context) {
 	}
 	s.withWorkspace(c, false, func(ses *store.Session, d *workspace.Dir, set *scrub.Set) {
 		auditDetail(c, "path", set.RedactString(p))
-		s.serveFile(c, d, rel, set, true)
+		// "a/file/" names a directory, as for open(2): not the file.
+		s.serveFile(c, d, rel, set, true, strings.HasSuffix(p, "/"))
 	})
 }
 
@@ -141,13 +142,13 @@ func (s *Server) getArtifact(c *gin.Context) {
 	}
 	s.withWorkspace(c, false, func(ses *store.Session, d *workspace.Dir, set *scrub.Set) {
 		auditDetail(c, "path", set.RedactString("/workspace/"+rel))
-		s.serveFile(c, d, rel, set, false)
+		s.serveFile(c, d, rel, set, false, false)
 	})
 }
 
 // serveFile answers rel: a regular file's bytes, or with dirs a directory's
-// listing.
-func (s *Server) serveFile(c *gin.Context, d *workspace.Dir, rel string, set *scrub.Set, dirs bool) {
+// listing (only a directory's with dirOnly).
+func (s *Server) serveFile(c *gin.Context, d *workspace.Dir, rel string, set *scrub.Set, dirs, dirOnly bool) {
 	f, kind, err := d.Open(rel)
 	if err != nil {
 		s.writeError(c, err)
@@ -155,6 +156,8 @@ func (s *Server) serveFile(c *gin.Context, d *workspace.Dir, rel string, set *sc
 	}
 	defer f.Close()
 	switch {
+	case kind != workspace.KindDir && dirOnly:
+		s.writeError(c, errdefs.Invalid("path: not a directory (it ends with /)").WithCode("invalid_path"))
 	case kind == workspace.KindFile:
 		s.sendFile(c, f, path.Base("/"+rel), set)
 	case kind == workspace.KindDir && dirs:

@@ -259,6 +259,10 @@ func TestRealFiles(t *testing.T) {
 		if resp, b := fc.get("f1", "/workspace/nope.txt"); resp.StatusCode != 404 || errCode(b) != "not_found" {
 			t.Fatalf("missing: %d %s", resp.StatusCode, b)
 		}
+		// A file named with a trailing slash is not a directory (open(2)'s ENOTDIR).
+		if resp, b := fc.get("f1", "/workspace/out/report.txt/"); resp.StatusCode != 400 || errCode(b) != "invalid_path" {
+			t.Fatalf("file with a trailing slash: %d %s", resp.StatusCode, b)
+		}
 	})
 
 	t.Run("binary bytes round-trip", func(t *testing.T) {

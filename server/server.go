@@ -299,7 +299,7 @@ func newServer(cfg *config.Config, db *store.DB, rt Runtime, img string, imageEr
 	// organization can take the connections another's sandboxes are due.
 	perSession, total, fits := egress.ConnLimits(cfg.Limits.MaxSandboxes)
 	if !fits {
-		s.log.Warn("open-file limit too low for limits.maxSandboxes: egress connections are not guaranteed per session",
+		s.log.Warn("open-file limit too low for limits.maxSandboxes: the egress proxy's connections cannot give every sandbox its own 16 (each still has a cap, but all of them at once could use up the proxy's); raise it (ulimit -n 1048576, as the systemd unit's LimitNOFILE) or lower limits.maxSandboxes",
 			"maxSandboxes", cfg.Limits.MaxSandboxes, "proxyConnections", total)
 	}
 	ca, roots, gitHost, err := gitSetup(cfg, img)
