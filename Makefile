@@ -108,7 +108,7 @@ test: root-check host-packages host-sysctl build image
 	@# failed on) with the tests below; random fuzzing is make fuzz.
 	@# With the race detector, which needs cgo: only the test binaries are
 	@# built with it; every shipped binary (build) stays static.
-	SANDBOXD_BIN=$(BIN) CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 40m ./...
+	SANDBOXD_BIN=$(BIN) CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 60m ./...
 
 # The hardening suites at full size (docs/SECURITY.md, docs/BENCHMARKS.md):
 # 1,000 idle standard-1 sandboxes then 50 busy ones, fork bombs, memory

@@ -23,6 +23,7 @@ import (
 	"github.com/chromedp/cdproto/target"
 	"github.com/chromedp/chromedp"
 
+	"sandboxd/runsc"
 	"sandboxd/web"
 )
 
@@ -277,7 +278,7 @@ func TestRealConsole(t *testing.T) {
 		var st statsJSON
 		if code, b := h.call(h.token, "GET", "/v1/sandbox/web-1/stats", nil); code != 200 || json.Unmarshal(b, &st) != nil ||
 			st.Memory.UsedBytes == nil || *st.Memory.UsedBytes < 1<<20 || *st.Memory.LimitBytes < 1<<30 || st.Pids.Current == nil || *st.Pids.Current < 2 ||
-			st.Pids.Limit == nil || *st.Pids.Limit != 512 || st.Disk.TotalBytes == nil || *st.Disk.TotalBytes < 7<<30 || st.CPU.Seconds == nil || *st.CPU.Seconds <= 0 {
+			st.Pids.Limit == nil || *st.Pids.Limit != runsc.HostTasks(512) || st.Disk.TotalBytes == nil || *st.Disk.TotalBytes < 7<<30 || st.CPU.Seconds == nil || *st.CPU.Seconds <= 0 {
 			t.Fatalf("stats: %d %s", code, b)
 		}
 		// Colours (xterm.js's style rules pass the CSP as adopted sheets).
