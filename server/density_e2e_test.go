@@ -64,7 +64,11 @@ func TestRealDensity(t *testing.T) {
 	defer func() {
 		b, _ := json.MarshalIndent(res, "", "  ")
 		os.MkdirAll("test-output", 0o755)
-		os.WriteFile(filepath.Join("test-output", "density.json"), b, 0o644)
+		name := "density.json" // the hardening record, committed
+		if os.Getenv("SANDBOXD_DENSITY") == "" {
+			name = "density.quick.json"
+		}
+		os.WriteFile(filepath.Join("test-output", name), b, 0o644)
 		t.Logf("density: %s", b)
 	}()
 
