@@ -141,12 +141,11 @@ func (m *Manager) watchDisk(ctx context.Context) {
 	samples := make([]diskSample, 0, len(sessions))
 	for i := range sessions {
 		ses := &sessions[i]
-		if ses.Status != store.StatusRunning {
-			continue
-		}
+		// A stopping sandbox's pending writes land too (as its disk is
+		// unmounted); only running ones are stopped.
 		u := m.rt.DiskUse(ses.ContainerID)
 		pending += u.Pending
-		if !busy[ses.ID] {
+		if ses.Status == store.StatusRunning && !busy[ses.ID] {
 			samples = append(samples, diskSample{pk: ses.ID, bytes: u.Host + u.Pending})
 		}
 	}
@@ -201,6 +200,7 @@ func (m *Manager) diskStopLocked(ctx context.Context, pk string, s diskSample, l
 	}
 	m.log.Warn("disk pressure: stopping the sandbox whose disk grew the most", "session", cur.SessionID,
 		"grewMiB", s.grew>>20, "diskMiB", s.bytes>>20, "freeMiB", left>>20)
+	t0 := time.Now()
 	if m.disks != nil {
 		if err := m.disks.Freeze(ctx, cur.ContainerID); err != nil {
 			m.log.Warn("disk pressure: freeze", "session", cur.SessionID, "err", err)
@@ -208,7 +208,8 @@ func (m *Manager) diskStopLocked(ctx context.Context, pk string, s diskSample, l
 	}
 	cur.StatusReason = ReasonDiskPressure // what the stopped session says until it runs again
 	_, err = m.stopSessionLocked(ctx, &cur, false, false)
-	fields := map[string]any{"diskBytes": s.bytes, "grewBytes": s.grew, "freeBytes": max(left, 0),
+	// ms: what the pending writes took to land is most of it.
+	fields := map[string]any{"diskBytes": s.bytes, "grewBytes": s.grew, "freeBytes": max(left, 0), "ms": time.Since(t0).Milliseconds(),
 		"pressureFreeDiskMiB": m.lim.PressureFreeDiskMiB, "saved": false, "stopped": cur.Status != store.StatusRunning}
 	outcome := "ok"
 	if err != nil {
