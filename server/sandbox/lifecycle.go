@@ -19,7 +19,8 @@ import (
 //
 //	provisioning -> running            (create succeeded)
 //	provisioning -> (row removed)      (create failed: every step undone)
-//	running      -> stopping -> stopped (teardown: saved, the disk kept as a cache)
+//	running      -> stopping -> stopped (teardown: saved, the disk kept as a cache;
+//	                                     disk pressure: frozen, not saved, reason disk_pressure)
 //	stopping     -> running            (the save failed, e.g. quota: the sandbox runs on)
 //	running      -> failed             (sandbox died: oom, exited; its disk failed: disk_error)
 //	failed       -> stopping -> stopped (teardown releases what is left)
