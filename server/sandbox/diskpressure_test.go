@@ -3,14 +3,19 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"io"
+	"log/slog"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
 	"sandboxd/runsc"
+	"sandboxd/runsc/archive"
 	"sandboxd/server/config"
 	"sandboxd/server/errdefs"
 	"sandboxd/store"
+	"sandboxd/store/objects"
 )
 
 const mib = 1 << 20
@@ -211,5 +216,73 @@ func TestDiskPressureOff(t *testing.T) {
 	e.look()
 	if e.get("w").Status != store.StatusRunning || e.m.disk.base != nil {
 		t.Fatal("the watcher acted while off")
+	}
+}
+
+// saveRecorder is a storage and a disk driver that record saves.
+type saveRecorder struct {
+	mu    sync.Mutex
+	saved []string // container ids
+}
+
+func (r *saveRecorder) Put(ctx context.Context, org, name string, src io.Reader) (objects.Info, error) {
+	n, err := io.Copy(io.Discard, src)
+	return objects.Info{Name: name, Size: n, SHA256: "00"}, err
+}
+func (r *saveRecorder) Get(ctx context.Context, org, name string) (io.ReadCloser, objects.Info, error) {
+	return nil, objects.Info{}, objects.ErrNotFound
+}
+func (r *saveRecorder) Delete(ctx context.Context, org, name string) error { return nil }
+func (r *saveRecorder) List(ctx context.Context, org, prefix string) ([]objects.Info, error) {
+	return nil, nil
+}
+func (r *saveRecorder) Freeze(ctx context.Context, id string) error { return nil }
+func (r *saveRecorder) Thaw(ctx context.Context, id string) error   { return nil }
+func (r *saveRecorder) SaveDisk(ctx context.Context, id string, w io.Writer) (archive.Stats, error) {
+	r.mu.Lock()
+	r.saved = append(r.saved, id)
+	r.mu.Unlock()
+	_, err := w.Write([]byte("disk"))
+	return archive.Stats{}, err
+}
+func (r *saveRecorder) DiskCache(id string) (bool, string) { return true, "" }
+func (r *saveRecorder) MarkSaved(id, sha256 string) error  { return nil }
+func (r *saveRecorder) RestoreDisk(ctx context.Context, id string, diskMiB int64, src io.Reader, sha256 string) (archive.Stats, error) {
+	return archive.Stats{}, nil
+}
+
+// A disk pressure stop that a crash interrupted is finished at the next
+// start without the save it never meant to write (the data dir is short
+// of space); an interrupted teardown is saved as before.
+func TestDiskPressureStopFinishedUnsaved(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	for id, reason := range map[string]string{"dp": ReasonDiskPressure, "td": ""} {
+		ses := e.provision(id, 0)
+		ses.Status, ses.StatusReason = store.StatusStopping, reason
+		if err := e.db.UpdateSession(ctx, &ses); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rec := &saveRecorder{}
+	m2 := New(Options{Limits: e.cfg.Limits, DataDir: e.cfg.DataDir, Runtime: &deadRuntime{e.rt, ""}, Store: e.db,
+		Egress: e.m.egress, Policy: e.m.policy, Events: e.hooks, Hooks: e.hooks, Rules: e.m.scrub.base,
+		Log: slog.New(slog.DiscardHandler), Now: e.clock, Storage: rec, Disks: rec})
+	if err := m2.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	get := func(id string) store.Session {
+		ses, err := e.m.Get(ctx, e.p.Org.ID, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ses
+	}
+	dp, td := get("dp"), get("td")
+	if dp.Status != store.StatusStopped || dp.StatusReason != ReasonDiskPressure || td.Status != store.StatusStopped {
+		t.Fatalf("after reconcile: %s %s, %s", dp.Status, dp.StatusReason, td.Status)
+	}
+	if len(rec.saved) != 1 || rec.saved[0] != td.ContainerID {
+		t.Fatalf("saved %v, want only %s", rec.saved, td.ContainerID)
 	}
 }

@@ -932,7 +932,9 @@ func (m *Manager) reconcileOne(ctx context.Context, ses *store.Session, st runsc
 		m.auditSystem("sandbox.provision_undone", ses, nil)
 	case store.StatusStopping:
 		logErr("destroy", m.rt.Destroy(ctx, ses.ContainerID, runsc.DestroyOpts{KeepDisk: true}))
-		m.finishInterruptedSaveLocked(ctx, ses)
+		if ses.StatusReason != ReasonDiskPressure { // that stop saves nothing: the data dir is short of space
+			m.finishInterruptedSaveLocked(ctx, ses)
+		}
 		logErr("status", m.setStatusLocked(ctx, ses, store.StatusStopped, ses.StatusReason))
 		m.auditSystem("sandbox.teardown_finished", ses, nil)
 	}
