@@ -210,7 +210,7 @@ func (m *Manager) diskStopLocked(ctx context.Context, pk string, s diskSample, l
 	_, err = m.stopSessionLocked(ctx, &cur, false, false)
 	// ms: what the pending writes took to land is most of it.
 	fields := map[string]any{"diskBytes": s.bytes, "grewBytes": s.grew, "freeBytes": max(left, 0), "ms": time.Since(t0).Milliseconds(),
-		"pressureFreeDiskMiB": m.lim.PressureFreeDiskMiB, "saved": false, "stopped": cur.Status != store.StatusRunning}
+		"pressureFreeDiskMiB": m.lim.PressureFreeDiskMiB, "saved": false, "stopped": err == nil && cur.Status == store.StatusStopped}
 	outcome := "ok"
 	if err != nil {
 		m.log.Error("disk pressure stop", "session", cur.SessionID, "err", err)
