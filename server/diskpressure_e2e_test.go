@@ -63,11 +63,11 @@ func smallDataDir(t *testing.T, dataDir string, sizeMiB int64) {
 func TestRealDiskPressure(t *testing.T) {
 	cfg := realConfig(t)
 	rootFree := sandbox.FreeBytes("/")
-	smallDataDir(t, cfg.DataDir, 4096)
-	t.Cleanup(func() {
-		assertNoLeftovers(t, cfg) // before the unmount hides what is left
+	t.Cleanup(func() { // last: the image is gone
 		t.Logf("free on /: %d MiB before, %d MiB after", rootFree>>20, sandbox.FreeBytes("/")>>20)
 	})
+	smallDataDir(t, cfg.DataDir, 4096)
+	t.Cleanup(func() { assertNoLeftovers(t, cfg) }) // before the unmount hides what is left
 	cfg.Limits.MinFreeDiskMiB, cfg.Limits.PressureFreeDiskMiB = 256, 1536
 	h := startServer(t, cfg)
 	free := func() int64 { return sandbox.FreeBytes(cfg.DataDir) >> 20 }
@@ -110,9 +110,13 @@ func TestRealDiskPressure(t *testing.T) {
 		t.Fatalf("dp-writer: %+v", r)
 	}
 	var w sandboxObject
+	var stopping time.Duration // when the stop was first seen
 	for probes := 0; ; probes++ {
 		if w = h.get("dp-writer"); w.Status != "running" && w.Status != "stopping" {
 			break
+		}
+		if w.Status == "stopping" && stopping == 0 {
+			stopping = time.Since(start)
 		}
 		if r := h.sh("dp-bystander", "echo "+strconv.Itoa(probes)+" > /workspace/probe && cat /workspace/probe"); r.ExitCode != 0 {
 			stopSampling()
@@ -129,7 +133,8 @@ func TestRealDiskPressure(t *testing.T) {
 	// it stops; wait for it to settle before reading the lowest point.
 	time.Sleep(2 * time.Second)
 	stopSampling()
-	t.Logf("writer %s after %v; free now %d MiB, lowest %d MiB", w.Status, took.Round(100*time.Millisecond), free(), lowest.Load())
+	t.Logf("writer stopping after %v, %s after %v; free now %d MiB, lowest %d MiB", stopping.Round(100*time.Millisecond), w.Status,
+		took.Round(100*time.Millisecond), free(), lowest.Load())
 	if w.Status != "stopped" || w.StatusReason == nil || *w.StatusReason != sandbox.ReasonDiskPressure {
 		t.Fatalf("writer: %+v", w)
 	}
