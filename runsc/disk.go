@@ -184,21 +184,80 @@ func diskClean(img string) (bool, error) {
 // running sandbox every few seconds. See State.DiskFailed.
 func (r *Runtime) diskFailed(id string) bool {
 	mnt := filepath.Join(r.dir(id), "disk")
-	var st, parent unix.Stat_t
-	if unix.Stat(mnt, &st) != nil || unix.Stat(filepath.Dir(mnt), &parent) != nil || st.Dev == parent.Dev {
+	ext4, ok := mountedExt4(mnt)
+	if !ok {
 		return false // not mounted
 	}
 	var sfs unix.Statfs_t
 	if unix.Statfs(mnt, &sfs) == nil && sfs.Flags&unix.ST_RDONLY != 0 {
 		return true
 	}
+	n, err := readSysInt(ext4, "errors_count")
+	return err == nil && n > 0
+}
+
+// mountedExt4 returns the sysfs directory (/sys/fs/ext4/<device>) of the
+// ext4 file system mounted at mnt; ok is false when nothing is mounted
+// there.
+func mountedExt4(mnt string) (dir string, ok bool) {
+	var st, parent unix.Stat_t
+	if unix.Stat(mnt, &st) != nil || unix.Stat(filepath.Dir(mnt), &parent) != nil || st.Dev == parent.Dev {
+		return "", false
+	}
 	dev, err := os.Readlink(fmt.Sprintf("/sys/dev/block/%d:%d", unix.Major(st.Dev), unix.Minor(st.Dev)))
 	if err != nil {
-		return false
+		return "", true
 	}
-	b, err := os.ReadFile(filepath.Join("/sys/fs/ext4", filepath.Base(dev), "errors_count"))
-	n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
-	return err == nil && n > 0
+	return filepath.Join("/sys/fs/ext4", filepath.Base(dev)), true
+}
+
+// readSysInt reads a sysfs file holding one integer.
+func readSysInt(dir, file string) (int64, error) {
+	if dir == "" {
+		return 0, fs.ErrNotExist
+	}
+	b, err := os.ReadFile(filepath.Join(dir, file))
+	if err != nil {
+		return 0, err
+	}
+	return strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+}
+
+// DiskUse is what a sandbox's disk takes of the host's data dir.
+type DiskUse struct {
+	// Host is the space disk.img holds on the host (its allocated
+	// blocks: the image is sparse, so it grows as the sandbox writes).
+	Host int64
+	// Pending is what the sandbox wrote that has not reached disk.img
+	// yet: the mounted disk's delayed allocations (data in the host's page
+	// cache that takes host space when it is written back, within about
+	// 30 s; a busy writer has a GiB or more on its way). 0 when the disk
+	// is not mounted.
+	Pending int64
+}
+
+// DiskUse reads what a sandbox's disk takes on the host, and what is on
+// its way there. A few syscalls, no lock: the server's disk watcher
+// polls it for every running sandbox while the data dir is low on space.
+// A disk that is missing takes nothing.
+func (r *Runtime) DiskUse(id string) DiskUse {
+	var u DiskUse
+	if !r.Owns(id) {
+		return u
+	}
+	d := r.dir(id)
+	var st unix.Stat_t
+	if unix.Stat(filepath.Join(d, "disk.img"), &st) == nil {
+		u.Host = st.Blocks * 512
+	}
+	mnt := filepath.Join(d, "disk")
+	if ext4, ok := mountedExt4(mnt); ok {
+		var sfs unix.Statfs_t
+		if n, err := readSysInt(ext4, "delayed_allocation_blocks"); err == nil && n > 0 && unix.Statfs(mnt, &sfs) == nil {
+			u.Pending = n * sfs.Bsize
+		}
+	}
+	return u
 }
 
 // unmountDisk unmounts the root overlay and the disk. It fails (and the

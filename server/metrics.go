@@ -39,9 +39,11 @@ type metrics struct {
 	// The monitor's rounds (every 5 s): at high density their length is
 	// what to watch.
 	monitorRound prometheus.Histogram
+	// Sandboxes the disk watcher stopped (limits.pressureFreeDiskMiB).
+	diskStops prometheus.Counter
 }
 
-func newMetrics(db *store.DB) *metrics {
+func newMetrics(db *store.DB, dataDir string) *metrics {
 	m := &metrics{reg: prometheus.NewRegistry()}
 	m.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sandboxd_http_requests_total", Help: "API requests by route and status code.",
@@ -78,7 +80,13 @@ func newMetrics(db *store.DB) *metrics {
 		Name: "sandboxd_monitor_round_seconds", Help: "Time one monitor round took (deaths, idle timeouts, egress counts, running time, credits, memory pressure).",
 		Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
 	})
-	m.reg.MustRegister(m.monitorRound, m.requests, m.provision, m.exec, m.wsConns, m.apiConns, m.apiRefused, m.apiClientRefused, m.apiEvicted, m.limited, m.stdLogSuppressed, m.credits, sessionCollector{db},
+	m.diskStops = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "sandboxd_disk_pressure_stops_total", Help: "Sandboxes stopped because the data dir's file system was below limits.pressureFreeDiskMiB and their disks grew.",
+	})
+	dataFree := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "sandboxd_data_dir_free_bytes", Help: "Free space on the data dir's file system (sandbox disks, saves, the database).",
+	}, func() float64 { return float64(sandbox.FreeBytes(dataDir)) })
+	m.reg.MustRegister(m.diskStops, dataFree, m.monitorRound, m.requests, m.provision, m.exec, m.wsConns, m.apiConns, m.apiRefused, m.apiClientRefused, m.apiEvicted, m.limited, m.stdLogSuppressed, m.credits, sessionCollector{db},
 		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 	return m
 }

@@ -13,7 +13,8 @@ func TestMetricsEndpoint(t *testing.T) {
 	}
 	rec := e.do("GET", "/metrics", "", nil)
 	body := rec.Body.String()
-	for _, want := range []string{`sandboxd_sessions{status="running"} 1`, "sandboxd_provision_seconds_count 1", "sandboxd_exec_seconds_count 1", `sandboxd_http_requests_total{code="201",route="/v1/sandbox"} 1`} {
+	for _, want := range []string{`sandboxd_sessions{status="running"} 1`, "sandboxd_provision_seconds_count 1", "sandboxd_exec_seconds_count 1", `sandboxd_http_requests_total{code="201",route="/v1/sandbox"} 1`,
+		"sandboxd_disk_pressure_stops_total 0", "sandboxd_data_dir_free_bytes "} {
 		if !strings.Contains(body, want) {
 			t.Errorf("metrics lack %q", want)
 		}

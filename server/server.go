@@ -281,7 +281,7 @@ func newServer(cfg *config.Config, db *store.DB, rt Runtime, img string, imageEr
 		log.Info("sealed secrets stored in plaintext before", "values", n)
 	}
 	rules := loadScrubber()
-	s := &Server{cfg: cfg, db: db, rt: rt, met: newMetrics(db), log: slog.New(scrubHandler{log.Handler(), rules})}
+	s := &Server{cfg: cfg, db: db, rt: rt, met: newMetrics(db, cfg.DataDir), log: slog.New(scrubHandler{log.Handler(), rules})}
 	s.met.reg.MustRegister(redactions{rules})
 	s.fileIO.Store(int64(defaultFileIO))
 	s.stdLogClock = time.Now
@@ -316,8 +316,9 @@ func newServer(cfg *config.Config, db *store.DB, rt Runtime, img string, imageEr
 		Limits: cfg.Limits, DataDir: cfg.DataDir, Image: img, ImageErr: imageErr, Runtime: rt, Store: db, Egress: s.egress,
 		Policy: pol, Events: s.logs, Hooks: sessionHooks{s}, Rules: rules, Git: gitHost, Log: s.log,
 		Plans: cfg.Plans, Sizes: cfg.Sizes, Now: cfg.Clock,
-		OnDrawn: func(c credits.Milli) { s.met.credits.Add(c.Credits()) },
-		OnSweep: func(d time.Duration) { s.met.monitorRound.Observe(d.Seconds()) },
+		OnDrawn:    func(c credits.Milli) { s.met.credits.Add(c.Credits()) },
+		OnSweep:    func(d time.Duration) { s.met.monitorRound.Observe(d.Seconds()) },
+		OnDiskStop: s.met.diskStops.Inc,
 	}
 	if disks, ok := rt.(sandbox.Disks); ok {
 		if opts.Storage, err = objects.NewDir(config.StorageDir(cfg.DataDir)); err != nil {

@@ -266,10 +266,11 @@ func (c *cli) checkImage(cfg *config.Config) (out []runsc.Finding, built bool) {
 const imageBuildMiB = 4096
 
 // checkDisk compares the free space of the data dir's file system with
-// limits.minFreeDiskMiB (below it the server refuses provisions), and that
+// limits.minFreeDiskMiB (below it the server refuses provisions) and
+// pressureFreeDiskMiB (below it growing sandboxes are stopped), and that
 // of the image cache with what a build needs when the image is missing.
 func checkDisk(cfg *config.Config, imageBuilt bool) []runsc.Finding {
-	min := int64(cfg.Limits.MinFreeDiskMiB)
+	min, pressure := int64(cfg.Limits.MinFreeDiskMiB), int64(cfg.Limits.PressureFreeDiskMiB)
 	data := runsc.Finding{Name: "disk: data dir"}
 	dataFree, dataFS, err := freeMiB(cfg.DataDir)
 	switch {
@@ -279,9 +280,13 @@ func checkDisk(cfg *config.Config, imageBuilt bool) []runsc.Finding {
 		data.Status = runsc.CheckProblem
 		data.Seen = fmt.Sprintf("%d MiB free on the file system of %s, below limits.minFreeDiskMiB (%d): the server refuses to provision", dataFree, cfg.DataDir, min)
 		data.Fix = fmt.Sprintf("free %d MiB or more there (sudo du -xh -d1 %s | sort -h shows what takes it), or lower limits.minFreeDiskMiB in the config", min-dataFree, existingAncestor(cfg.DataDir))
+	case dataFree < pressure:
+		data.Status = runsc.CheckWarn
+		data.Seen = fmt.Sprintf("%d MiB free on the file system of %s, below limits.pressureFreeDiskMiB (%d): the server stops every sandbox whose disk grows", dataFree, cfg.DataDir, pressure)
+		data.Fix = fmt.Sprintf("free %d MiB or more there (sudo du -xh -d1 %s | sort -h shows what takes it), or lower limits.pressureFreeDiskMiB in the config", pressure-dataFree, existingAncestor(cfg.DataDir))
 	default:
 		data.Status = runsc.CheckOK
-		data.Seen = fmt.Sprintf("%d MiB free on the file system of %s (limits.minFreeDiskMiB %d)", dataFree, cfg.DataDir, min)
+		data.Seen = fmt.Sprintf("%d MiB free on the file system of %s (limits.minFreeDiskMiB %d, pressureFreeDiskMiB %d)", dataFree, cfg.DataDir, min, pressure)
 	}
 	cache := runsc.Finding{Name: "disk: image cache"}
 	cacheFree, cacheFS, err := freeMiB(cfg.Image.CacheDir)

@@ -63,7 +63,8 @@ func (c doctorConf) write(t *testing.T) string {
 	if c.Platform != "" {
 		y += fmt.Sprintf("  platform: %q\n", c.Platform)
 	}
-	y += fmt.Sprintf("limits:\n  minFreeDiskMiB: %d\n", c.MinFreeDiskMiB)
+	// pressureFreeDiskMiB must be above it (config validation).
+	y += fmt.Sprintf("limits:\n  minFreeDiskMiB: %d\n  pressureFreeDiskMiB: %d\n", c.MinFreeDiskMiB, 2*c.MinFreeDiskMiB+1)
 	if c.CacheDir != "" {
 		y += fmt.Sprintf("image:\n  cacheDir: %q\n", c.CacheDir)
 	}

@@ -13,7 +13,37 @@ import (
 
 	"sandboxd/runsc"
 	"sandboxd/runsc/image"
+	"sandboxd/server/config"
 )
+
+// The data dir's free space against the two floors: below
+// minFreeDiskMiB a problem, below pressureFreeDiskMiB a warning.
+func TestDoctorCheckDisk(t *testing.T) {
+	cfg, err := config.Load(config.Overrides{DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Image.CacheDir = t.TempDir()
+	free, _, err := freeMiB(cfg.DataDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		min, pressure int64
+		status        runsc.Verdict
+		seen          string
+	}{
+		{free + 100, free + 200, runsc.CheckProblem, "below limits.minFreeDiskMiB"},
+		{0, free + 1<<20, runsc.CheckWarn, "below limits.pressureFreeDiskMiB"},
+		{1, 2, runsc.CheckOK, "pressureFreeDiskMiB 2"},
+	} {
+		cfg.Limits.MinFreeDiskMiB, cfg.Limits.PressureFreeDiskMiB = int(c.min), int(c.pressure)
+		f := checkDisk(cfg, true)[0]
+		if f.Status != c.status || !strings.Contains(f.Seen, c.seen) || (c.status != runsc.CheckOK && f.Fix == "") {
+			t.Errorf("min %d, pressure %d, free %d: %+v", c.min, c.pressure, free, f)
+		}
+	}
+}
 
 func TestDoctorParseLockHolder(t *testing.T) {
 	locks := `1: POSIX  ADVISORY  WRITE 900 fd:01:1234 0 EOF

@@ -134,10 +134,18 @@ type Limits struct {
 	// request.
 	PressureFreeMemoryMiB  int `yaml:"pressureFreeMemoryMiB"`
 	PressureMinIdleSeconds int `yaml:"pressureMinIdleSeconds"`
-	MinFreeDiskMiB         int `yaml:"minFreeDiskMiB"`
-	TerminalIdleSeconds    int `yaml:"terminalIdleSeconds"`
-	MaxAPIConns            int `yaml:"maxAPIConns"`
-	APIIdleSeconds         int `yaml:"apiIdleSeconds"`
+	// MinFreeDiskMiB: a provision or resume is refused (503) while the
+	// data dir's file system has less free space.
+	MinFreeDiskMiB int `yaml:"minFreeDiskMiB"`
+	// PressureFreeDiskMiB: below this much free space on the data dir's
+	// file system (less what sandboxes wrote that is still on its way
+	// there), the monitor stops the running sandbox whose disk grew the
+	// most, keeping its disk (0: off). More than MinFreeDiskMiB, so a
+	// stopped session can still be resumed to clean up.
+	PressureFreeDiskMiB int `yaml:"pressureFreeDiskMiB"`
+	TerminalIdleSeconds int `yaml:"terminalIdleSeconds"`
+	MaxAPIConns         int `yaml:"maxAPIConns"`
+	APIIdleSeconds      int `yaml:"apiIdleSeconds"`
 	// Per client (server/fair): connections of one address (0: an eighth
 	// of maxAPIConns, at least 32), and for each address and each token a
 	// request rate, its burst and the requests in flight at once (0: no
@@ -402,6 +410,10 @@ func (c *Config) validate() error {
 	}
 	if l.MinFreeMemoryMiB < 0 || l.PressureFreeMemoryMiB < 0 || l.PressureMinIdleSeconds < 0 || l.MinFreePids < 0 || l.MaxSecretsMemoryMiB < 0 {
 		errs = append(errs, errors.New("limits: minFreeMemoryMiB, pressureFreeMemoryMiB, pressureMinIdleSeconds, minFreePids and maxSecretsMemoryMiB must be 0 or more"))
+	}
+	if l.PressureFreeDiskMiB < 0 || (l.PressureFreeDiskMiB > 0 && l.PressureFreeDiskMiB <= l.MinFreeDiskMiB) {
+		errs = append(errs, fmt.Errorf("limits.pressureFreeDiskMiB: %d must be 0 (off) or more than limits.minFreeDiskMiB (%d): "+
+			"growing sandboxes are stopped before provisions and resumes are refused (e.g. twice minFreeDiskMiB)", l.PressureFreeDiskMiB, l.MinFreeDiskMiB))
 	}
 	if l.MaxConnsPerClient < 0 {
 		errs = append(errs, errors.New("limits.maxConnsPerClient: must be 0 (an eighth of maxAPIConns) or more"))

@@ -48,7 +48,8 @@ func TestLoadConfigDefaults(t *testing.T) {
 	}
 	l := c.Limits
 	if l.MaxBodyBytes != 1<<20 || l.ExecOutputBytes != 1<<20 || l.ExecDefaultTimeoutMs != 60000 ||
-		l.ExecMaxTimeoutMs != 3600000 || l.MaxSandboxes != 1000 || l.MemoryOvercommit != 50 || l.PressureFreeMemoryMiB != 2048 {
+		l.ExecMaxTimeoutMs != 3600000 || l.MaxSandboxes != 1000 || l.MemoryOvercommit != 50 || l.PressureFreeMemoryMiB != 2048 ||
+		l.MinFreeDiskMiB != 2048 || l.PressureFreeDiskMiB != 4096 {
 		t.Errorf("limits = %+v", l)
 	}
 	if l.MaxConnsPerClient != 0 || l.RequestsPerSecond != 200 || l.RequestBurst != 1000 || l.MaxRequestsInFlight != 128 {
@@ -160,6 +161,8 @@ func TestLoadConfigErrors(t *testing.T) {
 		"requests in flight": {"limits:\n  maxRequestsInFlight: -2\n", "limits.maxRequestsInFlight"},
 		"rate not a number":  {"limits:\n  requestsPerSecond: .nan\n", "limits.requestsPerSecond"},
 		"idle action":        {"limits:\n  idleAction: sleep\n", "idleAction"},
+		"disk pressure":      {"limits:\n  pressureFreeDiskMiB: -1\n", "limits.pressureFreeDiskMiB"},
+		"disk pressure low":  {"limits:\n  minFreeDiskMiB: 2048\n  pressureFreeDiskMiB: 2048\n", "more than limits.minFreeDiskMiB"},
 		"bad yaml":           {"listen: [\n", "yaml"},
 	}
 	for name, c := range cases {

@@ -342,7 +342,7 @@ func (m *Manager) exhaustedLocked(ctx context.Context, pk string, u Usage) {
 			fields["saveError"] = pe.Message()
 		}
 		if cur.Status == store.StatusRunning {
-			_, err = m.stopSessionLocked(ctx, &cur, false)
+			_, err = m.stopSessionLocked(ctx, &cur, false, true)
 		}
 		if err != nil {
 			m.log.Error("credits teardown", "session", cur.SessionID, "err", err)

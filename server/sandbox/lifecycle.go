@@ -8,8 +8,6 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"sandboxd/runsc"
 	"sandboxd/server/config"
 	"sandboxd/server/errdefs"
@@ -21,7 +19,8 @@ import (
 //
 //	provisioning -> running            (create succeeded)
 //	provisioning -> (row removed)      (create failed: every step undone)
-//	running      -> stopping -> stopped (teardown: saved, the disk kept as a cache)
+//	running      -> stopping -> stopped (teardown: saved, the disk kept as a cache;
+//	                                     disk pressure: frozen, not saved, reason disk_pressure)
 //	stopping     -> running            (the save failed, e.g. quota: the sandbox runs on)
 //	running      -> failed             (sandbox died: oom, exited; its disk failed: disk_error)
 //	failed       -> stopping -> stopped (teardown releases what is left)
@@ -268,7 +267,7 @@ func (m *Manager) Resume(ctx context.Context, orgID, sessionID string) (_ store.
 		return *ses, nil
 	case store.StatusFailed:
 		// Its disk (newer than any save) is what resumes: no save first.
-		if _, err := m.stopSessionLocked(ctx, ses, false); err != nil {
+		if _, err := m.stopSessionLocked(ctx, ses, false, true); err != nil {
 			return store.Session{}, err
 		}
 	case store.StatusStopped:
@@ -339,12 +338,8 @@ func (m *Manager) checkStart() error {
 	if m.noImg != nil {
 		return m.noImg
 	}
-	var st unix.Statfs_t
-	if err := unix.Statfs(m.data, &st); err != nil {
-		return nil
-	}
-	freeMiB := int64(st.Bavail) * int64(st.Bsize) >> 20
-	if freeMiB < int64(m.lim.MinFreeDiskMiB) {
+	free := m.dataFree()
+	if free >= 0 && free>>20 < int64(m.lim.MinFreeDiskMiB) {
 		return errdefs.Unavailable("the server is low on disk space; retry later")
 	}
 	return nil
@@ -530,14 +525,16 @@ func (m *Manager) Teardown(ctx context.Context, orgID, sessionID string) (store.
 }
 
 func (m *Manager) teardownLocked(ctx context.Context, ses *store.Session) (Teardown, error) {
-	return m.stopSessionLocked(ctx, ses, true)
+	return m.stopSessionLocked(ctx, ses, true, true)
 }
 
 // stopSessionLocked is a teardown; with save (and storage configured) the
 // session's disk is saved to its organization's storage before anything
 // is released, and a failed save leaves the session as it was (a running
-// sandbox thawed and running on).
-func (m *Manager) stopSessionLocked(ctx context.Context, ses *store.Session, save bool) (Teardown, error) {
+// sandbox thawed and running on). Without push a paired session's commits
+// are not pushed (they stay on its disk for the next teardown): the
+// sandbox was frozen to stop at once.
+func (m *Manager) stopSessionLocked(ctx context.Context, ses *store.Session, save, push bool) (Teardown, error) {
 	var res Teardown
 	switch ses.Status {
 	case store.StatusStopped:
@@ -574,7 +571,7 @@ func (m *Manager) stopSessionLocked(ctx context.Context, ses *store.Session, sav
 	// The paired branch's commits go out first, while the sandbox (and its
 	// egress listener) still run, so the save has them; a failed push keeps
 	// everything.
-	res.Git = m.pushLocked(ctx, ses, prev == store.StatusRunning)
+	res.Git = m.pushLocked(ctx, ses, push && prev == store.StatusRunning)
 	save = save && m.saving()
 	saved := false
 	if save {
@@ -938,7 +935,9 @@ func (m *Manager) reconcileOne(ctx context.Context, ses *store.Session, st runsc
 		m.auditSystem("sandbox.provision_undone", ses, nil)
 	case store.StatusStopping:
 		logErr("destroy", m.rt.Destroy(ctx, ses.ContainerID, runsc.DestroyOpts{KeepDisk: true}))
-		m.finishInterruptedSaveLocked(ctx, ses)
+		if ses.StatusReason != ReasonDiskPressure { // that stop saves nothing: the data dir is short of space
+			m.finishInterruptedSaveLocked(ctx, ses)
+		}
 		logErr("status", m.setStatusLocked(ctx, ses, store.StatusStopped, ses.StatusReason))
 		m.auditSystem("sandbox.teardown_finished", ses, nil)
 	}
@@ -949,8 +948,10 @@ const monitorEvery = 5 * time.Second
 
 // StartMonitor checks running sandboxes periodically, so a sandbox that
 // dies (OOM) is reported even when no command is running, idle sessions
-// are torn down and egress counts are saved.
+// are torn down and egress counts are saved; and starts the disk watcher
+// (diskpressure.go).
 func (m *Manager) StartMonitor() {
+	m.startDiskWatch()
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
@@ -1018,15 +1019,21 @@ const maxIdleActions = 2
 // One action per session at a time; the Manager's Close cancels and waits
 // for them.
 func (m *Manager) actAsync(pk string, act func(ctx context.Context, pk string)) {
+	m.actIn(&m.idleBusy, maxIdleActions, pk, act)
+}
+
+// actIn is actAsync on a pool of actions: busy (guarded by m.mu) holds
+// the sessions it acts on, at most limit at once.
+func (m *Manager) actIn(busy *map[string]bool, limit int, pk string, act func(ctx context.Context, pk string)) {
 	m.mu.Lock()
-	if m.idleBusy == nil {
-		m.idleBusy = map[string]bool{}
+	if *busy == nil {
+		*busy = map[string]bool{}
 	}
-	if m.idleBusy[pk] || len(m.idleBusy) >= maxIdleActions {
+	if (*busy)[pk] || len(*busy) >= limit {
 		m.mu.Unlock()
 		return // next round
 	}
-	m.idleBusy[pk] = true
+	(*busy)[pk] = true
 	m.mu.Unlock()
 	m.wg.Add(1)
 	m.idleWG.Add(1)
@@ -1035,7 +1042,7 @@ func (m *Manager) actAsync(pk string, act func(ctx context.Context, pk string)) 
 		defer m.idleWG.Done()
 		defer func() {
 			m.mu.Lock()
-			delete(m.idleBusy, pk)
+			delete(*busy, pk)
 			m.mu.Unlock()
 		}()
 		ctx, cancel := context.WithCancel(context.Background())

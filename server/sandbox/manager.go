@@ -3,7 +3,8 @@
 // server's capacity, provisioning, resuming, teardown, delete and the
 // marking of dead sandboxes with one undo stack, reconciliation at start,
 // the monitor (dead sandboxes, idle timeouts, egress usage, running time
-// and exhausted credits), plans and credits (credits.go), admission of
+// and exhausted credits, memory pressure (pressure.go), and the data dir's
+// free space (diskpressure.go)), plans and credits (credits.go), admission of
 // commands and the idle activity they count as, the sessions' egress
 // listeners and scrubbers, and usage credits as pure functions of time.
 //
@@ -22,7 +23,10 @@
 // operation (never the caller's duty); methods and functions named
 // ...Locked need it held. m.mu guards the lock table, capacity and activity
 // and is never held while waiting for a session's lock or for I/O. The
-// monitor is one goroutine, started by StartMonitor and stopped by Close.
+// monitor is two goroutines (the sweep every 5 s, the disk watcher every
+// second), started by StartMonitor and stopped by Close; the actions they
+// start on sessions run in goroutines of their own (actIn), also waited
+// for by Close.
 package sandbox
 
 import (
@@ -34,6 +38,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"sandboxd/egress"
 	"sandboxd/runsc"
@@ -63,6 +69,7 @@ type Runtime interface {
 	Wake(id string) error
 	Thaw(ctx context.Context, id string) error
 	Usage(id string) (runsc.Usage, error)
+	DiskUse(id string) runsc.DiskUse
 }
 
 // Store is what the Manager needs from the database (store.DB).
@@ -171,6 +178,15 @@ type Options struct {
 	// PidsFree reads how many process ids the host has free (tests set
 	// it); nil reads HostPids.
 	PidsFree func() int
+	// DataFree reads the free bytes of the data dir's file system, -1 if
+	// unknown (tests set it); nil: FreeBytes(DataDir).
+	DataFree func() int64
+	// HostDirty reads the bytes the host's page cache holds to write back
+	// (tests set it); nil: HostDirtyBytes.
+	HostDirty func() int64
+	// OnDiskStop is called for each sandbox the disk watcher stops
+	// (metrics).
+	OnDiskStop func()
 }
 
 // Manager owns the lifecycle of sessions.
@@ -192,6 +208,9 @@ type Manager struct {
 	// memAvailable is the host's available memory (MiB), -1 if unknown.
 	memAvailable func() int
 	pidsFree     func() int // -1 if unknown
+	dataFree     func() int64
+	hostDirty    func() int64
+	onDiskStop   func()
 
 	storage Storage
 	disks   Disks
@@ -214,6 +233,10 @@ type Manager struct {
 	idleBusy map[string]bool        // by pk: a monitor's action in progress (actAsync)
 	orgSaves map[string]*sync.Mutex // by org: held while one of its sessions saves
 	seen     map[string]sighting    // by pk: when the monitor last saw a running session (credits.go)
+	diskBusy map[string]bool        // by pk: a disk pressure stop in progress (diskpressure.go)
+
+	// disk is the disk watcher's state, used by its goroutine only.
+	disk diskWatch
 
 	done chan struct{}
 	wg   sync.WaitGroup
@@ -234,6 +257,16 @@ func New(o Options) *Manager {
 	}
 	m.memAvailable = o.MemAvailable
 	m.pidsFree = o.PidsFree
+	m.dataFree, m.hostDirty, m.onDiskStop = o.DataFree, o.HostDirty, o.OnDiskStop
+	if m.dataFree == nil {
+		m.dataFree = func() int64 { return FreeBytes(m.data) }
+	}
+	if m.hostDirty == nil {
+		m.hostDirty = HostDirtyBytes
+	}
+	if m.onDiskStop == nil {
+		m.onDiskStop = func() {}
+	}
 	if m.pidsFree == nil {
 		m.pidsFree = func() int {
 			used, limit := HostPids()
@@ -287,22 +320,55 @@ func HostPids() (used, limit int) {
 // -1 if unreadable.
 func MemAvailableMiB() int { return meminfoMiB("MemAvailable:") }
 
-// meminfoMiB reads one field of /proc/meminfo in MiB; -1 if unreadable.
-func meminfoMiB(field string) int {
-	b, err := os.ReadFile("/proc/meminfo")
-	if err != nil {
+// HostDirtyBytes is what the host's page cache holds to write back, on
+// every file system (Dirty and Writeback); -1 if unreadable.
+func HostDirtyBytes() int64 {
+	kb := meminfoKB("Dirty:", "Writeback:")
+	if kb[0] < 0 || kb[1] < 0 {
 		return -1
 	}
+	return (kb[0] + kb[1]) << 10
+}
+
+// FreeBytes is the space left for files on the file system of path
+// (statfs's available blocks); -1 if unreadable.
+func FreeBytes(path string) int64 {
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil {
+		return -1
+	}
+	return int64(st.Bavail) * st.Bsize
+}
+
+// meminfoMiB reads one field of /proc/meminfo in MiB; -1 if unreadable.
+func meminfoMiB(field string) int {
+	kb := meminfoKB(field)[0]
+	if kb < 0 {
+		return -1
+	}
+	return int(kb / 1024)
+}
+
+// meminfoKB reads fields of /proc/meminfo in kB; -1 for each it cannot.
+func meminfoKB(fields ...string) []int64 {
+	out := make([]int64, len(fields))
+	for i := range out {
+		out[i] = -1
+	}
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return out
+	}
 	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, field); ok {
-			kb, err := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
-			if err != nil {
-				return -1
+		for i, field := range fields {
+			if v, ok := strings.CutPrefix(line, field); ok {
+				if kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64); err == nil {
+					out[i] = kb
+				}
 			}
-			return kb / 1024
 		}
 	}
-	return -1
+	return out
 }
 
 // sessionLock is a session's lock; refs counts holders and waiters, so

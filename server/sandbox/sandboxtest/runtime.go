@@ -41,6 +41,25 @@ type Runtime struct {
 	CheckpointErr, RestoreErr error
 	// DialFn, if set, serves DialPort; by default nothing listens.
 	DialFn func(ctx context.Context, id string, port int) (net.Conn, error)
+	// Disks is what DiskUse answers, by container id (zero if absent).
+	Disks map[string]runsc.DiskUse
+}
+
+// DiskUse answers from Disks.
+func (f *Runtime) DiskUse(id string) runsc.DiskUse {
+	f.Mu.Lock()
+	defer f.Mu.Unlock()
+	return f.Disks[id]
+}
+
+// SetDisk sets what DiskUse answers for id.
+func (f *Runtime) SetDisk(id string, u runsc.DiskUse) {
+	f.Mu.Lock()
+	defer f.Mu.Unlock()
+	if f.Disks == nil {
+		f.Disks = map[string]runsc.DiskUse{}
+	}
+	f.Disks[id] = u
 }
 
 // ContainerID hashes org and session like the real driver.
