@@ -370,6 +370,10 @@ func resolveSymlinks(p string) string {
 	}
 }
 
+// defaultPressureFreeDiskMiB is configs/sandboxd.yaml's
+// limits.pressureFreeDiskMiB.
+const defaultPressureFreeDiskMiB = 4096
+
 func (c *Config) validate() error {
 	var errs []error
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
@@ -398,6 +402,11 @@ func (c *Config) validate() error {
 	}
 	errs = append(errs, c.Portal.validate()...)
 	errs = append(errs, c.Git.validate()...)
+	// A floor left at its default under a raised minFreeDiskMiB (a config
+	// from before pressureFreeDiskMiB) follows it instead of failing.
+	if c.Limits.PressureFreeDiskMiB == defaultPressureFreeDiskMiB && c.Limits.MinFreeDiskMiB >= defaultPressureFreeDiskMiB {
+		c.Limits.PressureFreeDiskMiB = 2 * c.Limits.MinFreeDiskMiB
+	}
 	l := c.Limits
 	if l.MaxBodyBytes < 1024 || l.ExecOutputBytes < 1024 || l.ExecMaxDroppedBytes < 0 || l.ExecDefaultTimeoutMs < 1 ||
 		l.ExecMaxTimeoutMs < l.ExecDefaultTimeoutMs || l.MaxSandboxes < 1 || l.MaxSandboxesPerOrg < 1 ||

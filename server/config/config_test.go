@@ -174,6 +174,13 @@ func TestLoadConfigErrors(t *testing.T) {
 	if _, err := Load(Overrides{ConfigFile: filepath.Join(t.TempDir(), "missing.yaml")}); err == nil {
 		t.Error("missing config file: no error")
 	}
+	// A config from before pressureFreeDiskMiB with minFreeDiskMiB raised
+	// past its default still loads: the floor follows, twice the minimum.
+	if c, err := Load(Overrides{ConfigFile: writeTempFile(t, "old.yaml", "limits:\n  minFreeDiskMiB: 8192\n")}); err != nil {
+		t.Errorf("old config: %v", err)
+	} else if c.Limits.PressureFreeDiskMiB != 16384 {
+		t.Errorf("old config: pressureFreeDiskMiB %d, want 16384", c.Limits.PressureFreeDiskMiB)
+	}
 	// An empty file changes nothing.
 	c, err := Load(Overrides{ConfigFile: writeTempFile(t, "empty.yaml", "")})
 	if err != nil || c.Listen != "127.0.0.1:8080" {
