@@ -137,7 +137,7 @@ func benchScrub(b *testing.B, data []byte, s *Set) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	b.ResetTimer()
-	cpu0 := threadCPU()
+	cpu0 := benchCPU()
 	for b.Loop() {
 		w := s.NewWriter(io.Discard)
 		for off := 0; off < len(data); off += chunk {
@@ -148,7 +148,7 @@ func benchScrub(b *testing.B, data []byte, s *Set) {
 	mbs := float64(len(data)) * float64(b.N) / b.Elapsed().Seconds() / 1e6
 	b.ReportMetric(baseMBs, "baseline-MB/s")
 	b.ReportMetric(mbs/baseMBs, "ratio")
-	b.ReportMetric(float64(len(data))*float64(b.N)/(threadCPU()-cpu0).Seconds()/1e6, "cpu-MB/s")
+	b.ReportMetric(float64(len(data))*float64(b.N)/(benchCPU()-cpu0).Seconds()/1e6, "cpu-MB/s")
 }
 
 func BenchmarkScrubClean(b *testing.B) {
@@ -278,7 +278,7 @@ func BenchmarkScrubKeywordFlood(b *testing.B) {
 				b.SetBytes(int64(len(data)))
 				runtime.LockOSThread()
 				defer runtime.UnlockOSThread()
-				cpu0 := threadCPU()
+				cpu0 := benchCPU()
 				for b.Loop() {
 					w := s.NewWriter(io.Discard)
 					switch mode {
@@ -297,14 +297,14 @@ func BenchmarkScrubKeywordFlood(b *testing.B) {
 					}
 					w.Close()
 				}
-				b.ReportMetric(float64(len(data))*float64(b.N)/(threadCPU()-cpu0).Seconds()/1e6, "cpu-MB/s")
+				b.ReportMetric(float64(len(data))*float64(b.N)/(benchCPU()-cpu0).Seconds()/1e6, "cpu-MB/s")
 			})
 		}
 	}
 }
 
-// threadCPU is the calling thread's CPU time (user and system).
-func threadCPU() time.Duration {
+// benchCPU is the calling thread's CPU time (user and system).
+func benchCPU() time.Duration {
 	var ru syscall.Rusage
 	syscall.Getrusage(1, &ru) // RUSAGE_THREAD
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())

@@ -24,6 +24,7 @@ type Set struct {
 	reg     *registry
 	classes int       // distinct crule.bytes (crule.class)
 	pool    sync.Pool // *scratch
+	budget  *Budget   // charged for everything scrubbed; nil: none
 }
 
 type namedValue struct{ name, value string }
@@ -120,7 +121,7 @@ func (s *Set) WithValues(values map[string]string) (*Set, error) {
 	slices.SortFunc(errs, func(a, b error) int { return strings.Compare(a.Error(), b.Error()) })
 	// The rules' anchors and prefilter are the parent's (immutable); only
 	// the known values are compiled again.
-	n := &Set{rules: s.rules, values: vals, reg: s.reg, anchors: s.anchors, pf: s.pf, classes: s.classes}
+	n := &Set{rules: s.rules, values: vals, reg: s.reg, anchors: s.anchors, pf: s.pf, classes: s.classes, budget: s.budget}
 	n.buildValues()
 	return n, errors.Join(errs...)
 }
@@ -213,6 +214,10 @@ func (s *Set) buildValues() {
 // Redact redacts a whole buffer (the end of b is the end of the stream).
 // It returns b itself when nothing was redacted.
 func (s *Set) Redact(b []byte) []byte {
+	if s.budget != nil {
+		m := s.budget.begin(len(b) >= cpuClockMin)
+		defer s.budget.end(m)
+	}
 	sc := s.getScratch()
 	defer s.pool.Put(sc)
 	sc.before = nil
