@@ -54,6 +54,9 @@ func TestLoadConfigDefaults(t *testing.T) {
 	if l.MaxConnsPerClient != 0 || l.RequestsPerSecond != 200 || l.RequestBurst != 1000 || l.MaxRequestsInFlight != 128 {
 		t.Errorf("per-client limits = %+v", l)
 	}
+	if l.ScrubCPUCores != 0.25 || l.ScrubCPUBurstMs != 1000 {
+		t.Errorf("scrub budget = %v cores, %d ms", l.ScrubCPUCores, l.ScrubCPUBurstMs)
+	}
 	if c.Sizes.Default != "standard-1" || len(c.Sizes.List) != 5 {
 		t.Errorf("sizes = %+v", c.Sizes)
 	}
@@ -160,6 +163,12 @@ func TestLoadConfigErrors(t *testing.T) {
 		"requests in flight": {"limits:\n  maxRequestsInFlight: -2\n", "limits.maxRequestsInFlight"},
 		"rate not a number":  {"limits:\n  requestsPerSecond: .nan\n", "limits.requestsPerSecond"},
 		"idle action":        {"limits:\n  idleAction: sleep\n", "idleAction"},
+		"scrub cores":        {"limits:\n  scrubCpuCores: -0.5\n", "limits.scrubCpuCores"},
+		"scrub cores tiny":   {"limits:\n  scrubCpuCores: 0.001\n", "limits.scrubCpuCores"},
+		"scrub cores nan":    {"limits:\n  scrubCpuCores: .nan\n", "limits.scrubCpuCores"},
+		"scrub cores many":   {"limits:\n  scrubCpuCores: 65\n", "limits.scrubCpuCores"},
+		"scrub burst":        {"limits:\n  scrubCpuBurstMs: 0\n", "limits.scrubCpuBurstMs"},
+		"scrub burst long":   {"limits:\n  scrubCpuBurstMs: 60001\n", "limits.scrubCpuBurstMs"},
 		"bad yaml":           {"listen: [\n", "yaml"},
 	}
 	for name, c := range cases {

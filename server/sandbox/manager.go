@@ -232,6 +232,8 @@ func New(o Options) *Manager {
 	if m.now == nil {
 		m.now = func() time.Time { return time.Now().UTC() }
 	}
+	m.scrub.budgets = scrub.NewBudgets(scrub.BudgetConfig{Cores: o.Limits.ScrubCPUCores,
+		Burst: time.Duration(o.Limits.ScrubCPUBurstMs) * time.Millisecond}, m.throttled)
 	m.memAvailable = o.MemAvailable
 	m.pidsFree = o.PidsFree
 	if m.pidsFree == nil {

@@ -10,7 +10,9 @@ import (
 
 // Scrubber is a session's scrubber: the rules plus the session's secrets
 // (and their encodings), compiled once and cached until the session is
-// deleted or its start fails.
+// deleted or its start fails. What it scrubs is charged to the session's
+// budget (limits.scrubCpuCores): its Writers and Pairs wait while the
+// session is over it, and deleting the session ends their waits.
 func (m *Manager) Scrubber(pk string) *scrub.Set {
 	if set, ok := m.scrub.cached(pk); ok {
 		return set
@@ -33,11 +35,29 @@ func (m *Manager) Scrubber(pk string) *scrub.Set {
 // standard library's log lines.
 func (m *Manager) AllSessionsScrubber() *scrub.Set { return m.scrub.allSessions() }
 
-// scrubbers caches each session's compiled scrubber.
+// ScrubStats are the totals of the sessions' scrubbing budgets (metrics).
+func (m *Manager) ScrubStats() scrub.BudgetStats { return m.scrub.budgets.Stats() }
+
+// throttled records that a session's output waited for its scrubbing
+// budget (limits.scrubCpuCores): an event in its log, a line in ours.
+func (m *Manager) throttled(r scrub.Throttle) {
+	m.log.Info("session output held back: scrubbing over its CPU budget", "session", r.Key,
+		"heldMs", r.Held.Milliseconds(), "scrubCpuMs", r.CPU.Milliseconds())
+	if m.events != nil {
+		m.events.Event(r.Key, "scrub_throttled", map[string]any{"heldMs": r.Held.Milliseconds(), "waits": r.Waits,
+			"scrubCpuMs": r.CPU.Milliseconds(), "budgetCores": m.lim.ScrubCPUCores, "burstMs": m.lim.ScrubCPUBurstMs})
+	}
+}
+
+// scrubbers caches each session's compiled scrubber, and its budget
+// (limits.scrubCpuCores) that the scrubber charges: one per session until
+// it is forgotten.
 type scrubbers struct {
 	base    *scrub.Set
+	budgets *scrub.Budgets
 	mu      sync.Mutex
 	m       map[string]*scrub.Set        // by pk
+	budget  map[string]*scrub.Budget     // by pk, sessions in m with a budget
 	secrets map[string]map[string]string // by pk, sessions with secrets in m
 	all     *scrub.Set                   // see allSessions; nil after secrets changed
 }
@@ -59,6 +79,13 @@ func (s *scrubbers) forSession(pk string, secrets map[string]string) *scrub.Set 
 		return set
 	}
 	set := s.withSecrets(secrets)
+	if b := s.budgets.New(pk); b != nil {
+		set = set.WithBudget(b)
+		if s.budget == nil {
+			s.budget = map[string]*scrub.Budget{}
+		}
+		s.budget[pk] = b
+	}
 	if len(secrets) > 0 {
 		if s.secrets == nil {
 			s.secrets = map[string]map[string]string{}
@@ -96,6 +123,10 @@ func (s *scrubbers) cached(pk string) (*scrub.Set, bool) {
 func (s *scrubbers) forget(pk string) {
 	s.mu.Lock()
 	delete(s.m, pk)
+	if b := s.budget[pk]; b != nil {
+		b.Close() // its streams' waits end
+		delete(s.budget, pk)
+	}
 	if _, ok := s.secrets[pk]; ok {
 		delete(s.secrets, pk)
 		s.all = nil
