@@ -161,6 +161,34 @@ func BenchmarkScrubClean(b *testing.B) {
 	benchScrub(b, data, s)
 }
 
+// BenchmarkScrubBudgetOverhead: the clean corpus through a Writer with a
+// budget that never holds it back (each write measured by the thread's CPU
+// clock: a system call at each end) against one without, in terminal-sized
+// and exec-stream-sized writes.
+func BenchmarkScrubBudgetOverhead(b *testing.B) {
+	rnd := rand.New(rand.NewPCG(1, 2))
+	s, _ := benchSet(b, rnd)
+	data := cleanCorpus(rnd, 4<<20)
+	for _, size := range []int{4 << 10, 32 << 10} {
+		for _, budget := range []bool{false, true} {
+			set := s
+			if budget {
+				set = s.WithBudget(NewBudgets(BudgetConfig{Cores: 64, Burst: time.Hour}, nil).New("b"))
+			}
+			b.Run(fmt.Sprintf("writes=%dKiB/budget=%v", size>>10, budget), func(b *testing.B) {
+				b.SetBytes(int64(len(data)))
+				for b.Loop() {
+					w := set.NewWriter(io.Discard)
+					for off := 0; off < len(data); off += size {
+						w.Write(data[off:min(off+size, len(data))])
+					}
+					w.Close()
+				}
+			})
+		}
+	}
+}
+
 func BenchmarkScrubDense(b *testing.B) {
 	rnd := rand.New(rand.NewPCG(3, 4))
 	s, values := benchSet(b, rnd)
