@@ -230,7 +230,11 @@ func (s *Set) WithBudget(b *Budget) *Set {
 	if b == nil {
 		return s
 	}
-	return &Set{rules: s.rules, values: s.values, anchors: s.anchors, pf: s.pf, kv: s.kv, reg: s.reg, classes: s.classes, budget: b}
+	owner := s
+	if s.poolOf != nil {
+		owner = s.poolOf
+	}
+	return &Set{rules: s.rules, values: s.values, anchors: s.anchors, pf: s.pf, kv: s.kv, reg: s.reg, classes: s.classes, budget: b, poolOf: owner}
 }
 
 // WaitBudget is Budget.Wait for the Set's budget (none: it returns at

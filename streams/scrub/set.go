@@ -25,6 +25,16 @@ type Set struct {
 	classes int       // distinct crule.bytes (crule.class)
 	pool    sync.Pool // *scratch
 	budget  *Budget   // charged for everything scrubbed; nil: none
+	// poolOf: the Set whose pool Redact uses (a budgeted copy shares its
+	// parent's: the same rules and values); nil: this one.
+	poolOf *Set
+}
+
+func (s *Set) scratchPool() *sync.Pool {
+	if s.poolOf != nil {
+		return &s.poolOf.pool
+	}
+	return &s.pool
 }
 
 type namedValue struct{ name, value string }
@@ -219,7 +229,7 @@ func (s *Set) Redact(b []byte) []byte {
 		defer s.budget.end(m)
 	}
 	sc := s.getScratch()
-	defer s.pool.Put(sc)
+	defer s.scratchPool().Put(sc)
 	sc.before = nil
 	s.scan(sc, b, -1, true, false)
 	if len(sc.regs) == 0 {

@@ -50,10 +50,8 @@ func (w *Writer) Write(p []byte) (int, error) {
 		return w.write(p)
 	}
 	b.Wait()
-	m := b.begin(true)
-	n, err := w.write(p)
-	b.end(m)
-	return n, err
+	defer b.end(b.begin(true))
+	return w.write(p)
 }
 
 func (w *Writer) write(p []byte) (int, error) {
