@@ -10,6 +10,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"sandboxd/runsc/agent"
 )
 
@@ -26,6 +28,8 @@ type DirectProcess struct {
 	stdin   *os.File
 	stdout  *os.File
 	stderr  *os.File
+	out     *drainReader // stdout's and stderr's readers
+	errOut  *drainReader
 	pidFile string
 	done    chan struct{}
 	exit    agent.Exit
@@ -87,6 +91,7 @@ func (r *Runtime) startDirect(id string, s agent.Spec) (*DirectProcess, error) {
 		return nil, fmt.Errorf("runsc exec: %w", err)
 	}
 	p.stdin, p.stdout, p.stderr = inW, outR, errR
+	p.out, p.errOut = &drainReader{f: outR}, &drainReader{f: errR}
 	if !s.Stdin {
 		inW.Close()
 		p.stdin = nil
@@ -105,12 +110,7 @@ func (r *Runtime) startDirect(id string, s agent.Spec) (*DirectProcess, error) {
 		if code == 128+9 {
 			p.exit.Signal = "SIGKILL"
 		}
-		// Background children may hold the pipes open: stop reading
-		// shortly after the command ended (like the agent's drain).
-		time.AfterFunc(250*time.Millisecond, func() {
-			p.stdout.Close()
-			p.stderr.Close()
-		})
+		p.outputEnds()
 	}()
 	return p, nil
 }
@@ -121,8 +121,25 @@ func (p *DirectProcess) Stdin() io.WriteCloser {
 	}
 	return p.stdin
 }
-func (p *DirectProcess) Stdout() io.Reader { return eofOnClose{p.stdout} }
-func (p *DirectProcess) Stderr() io.Reader { return eofOnClose{p.stderr} }
+func (p *DirectProcess) Stdout() io.Reader { return p.out }
+func (p *DirectProcess) Stderr() io.Reader { return p.errOut }
+
+// drainAfter is how long after the command ended its output is read as
+// it comes; then what the pipes hold is taken without waiting (background
+// children may hold them open).
+const drainAfter = 250 * time.Millisecond
+
+// outputEnds is called when the command ended. Background children may
+// hold the pipes open, so reading must stop; but everything the command
+// wrote is still in the pipes, however far behind the reader is (a slow
+// client, the session's scrubbing budget), and must be read, as the
+// agent's drain does: reads wait at most drainAfter from now, then take
+// what is buffered.
+func (p *DirectProcess) outputEnds() {
+	dl := time.Now().Add(drainAfter)
+	p.stdout.SetReadDeadline(dl)
+	p.stderr.SetReadDeadline(dl)
+}
 
 // Resize is not supported without a PTY.
 func (p *DirectProcess) Resize(cols, rows uint16) error { return errors.New("no PTY") }
@@ -161,13 +178,53 @@ func (p *DirectProcess) Close() error {
 	return nil
 }
 
-// eofOnClose turns reads from a pipe closed under the reader into EOF.
-type eofOnClose struct{ f *os.File }
+// drainReader reads one of a direct process's pipes. Past the deadline
+// outputEnds set, it takes only what the pipe holds, without waiting (at
+// most drainMax bytes: a background child may keep writing), then ends
+// with EOF; a pipe closed under it (Close) ends with EOF too. One reader
+// goroutine.
+type drainReader struct {
+	f        *os.File
+	draining bool
+	drained  int
+}
 
-func (e eofOnClose) Read(b []byte) (int, error) {
-	n, err := e.f.Read(b)
-	if err != nil && errors.Is(err, os.ErrClosed) {
-		return n, io.EOF
+// drainMax bounds what is read past the deadline (a pipe holds 64 KiB
+// unless resized).
+const drainMax = 4 << 20
+
+func (d *drainReader) Read(b []byte) (int, error) {
+	if !d.draining {
+		n, err := d.f.Read(b)
+		switch {
+		case err == nil:
+			return n, nil
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			d.draining = true
+			d.f.SetReadDeadline(time.Time{}) // the raw reads below never wait
+			if n > 0 {
+				return n, nil
+			}
+		case errors.Is(err, os.ErrClosed):
+			return n, io.EOF
+		default:
+			return n, err
+		}
 	}
-	return n, err
+	if d.drained >= drainMax || len(b) == 0 {
+		return 0, io.EOF
+	}
+	rc, err := d.f.SyscallConn()
+	if err != nil {
+		return 0, io.EOF
+	}
+	n := 0
+	if rc.Read(func(fd uintptr) bool {
+		n, _ = unix.Read(int(fd), b[:min(len(b), drainMax-d.drained)])
+		return true // never wait
+	}) != nil || n <= 0 {
+		return 0, io.EOF
+	}
+	d.drained += n
+	return n, nil
 }

@@ -170,6 +170,13 @@ func BenchmarkStreamThroughput(b *testing.B) {
 			b.Fatalf("terminal got %d bytes, want >= %d", n, ttyTotal)
 		}
 	}
+	// Clean output is never held back for the session's scrubbing budget
+	// (limits.scrubCpuCores): this base64 scrubs at 600+ MB per CPU-second.
+	held := scrapeMetric(b, h, "sandboxd_scrub_throttled_seconds_total")
+	scrubbed := scrapeMetric(b, h, "sandboxd_scrub_cpu_seconds_total")
+	b.ReportMetric(held, "held-s")
+	fmt.Printf("scrubbing %.0f MB took %.2f s of CPU (%.0f MB per CPU-second); held back for the budget: %.1f s\n",
+		float64(total+ttyTotal)/1e6, scrubbed, float64(total+ttyTotal)/1e6/scrubbed, held)
 	mbps := func(bytes int, d time.Duration) float64 { return float64(bytes) / d.Seconds() / 1e6 }
 	b.ReportMetric(mbps(total, direct), "direct-MB/s")
 	b.ReportMetric(mbps(total, stream), "stream-MB/s")

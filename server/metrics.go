@@ -11,6 +11,7 @@ import (
 
 	"sandboxd/server/sandbox"
 	"sandboxd/store"
+	"sandboxd/streams/scrub"
 )
 
 // metrics are one server's Prometheus metrics (own registry, so several
@@ -89,6 +90,23 @@ func newMetrics(db *store.DB, dataDir string) *metrics {
 	m.reg.MustRegister(m.diskStops, dataFree, m.monitorRound, m.requests, m.provision, m.exec, m.wsConns, m.apiConns, m.apiRefused, m.apiClientRefused, m.apiEvicted, m.limited, m.stdLogSuppressed, m.credits, sessionCollector{db},
 		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 	return m
+}
+
+// registerScrubBudget adds the totals of the sessions' scrubbing budgets
+// (limits.scrubCpuCores), read at scrape time: what scrubbing their output
+// cost the server, and how long their streams were held back for it.
+func (m *metrics) registerScrubBudget(stats func() scrub.BudgetStats) {
+	m.reg.MustRegister(
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sandboxd_scrub_cpu_seconds_total",
+			Help: "Server CPU spent scrubbing sessions' output (terminals, exec streams and answers, code runs, service lines, downloads, events)."},
+			func() float64 { return stats().CPU.Seconds() }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sandboxd_scrub_throttled_seconds_total",
+			Help: "Time sessions' output streams waited because their scrubbing was over its CPU budget (limits.scrubCpuCores); two streams waiting at once count twice."},
+			func() float64 { return stats().Held.Seconds() }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sandboxd_scrub_throttles_total",
+			Help: "Waits of sessions' output streams for their scrubbing CPU budget."},
+			func() float64 { return float64(stats().Waits) }),
+	)
 }
 
 // sessionCollector reads session counts by status from the store at scrape time.

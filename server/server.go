@@ -327,6 +327,7 @@ func newServer(cfg *config.Config, db *store.DB, rt Runtime, img string, imageEr
 		opts.Disks, opts.StorageQuota = disks, cfg.Storage.OrgQuotaMiB<<20
 	}
 	s.sessions = sandbox.New(opts)
+	s.met.registerScrubBudget(s.sessions.ScrubStats)
 	if s.keys, err = portal.LoadKey(filepath.Join(cfg.DataDir, "portal.key")); err != nil {
 		return nil, err
 	}

@@ -157,6 +157,12 @@ type Limits struct {
 	// IdleAction is what a session's idle timeout does unless its
 	// provision chose: IdleTeardown or IdlePause.
 	IdleAction string `yaml:"idleAction"`
+	// ScrubCPUCores is the server CPU (in cores) scrubbing one session's
+	// output may use sustained, ScrubCPUBurstMs how much CPU time at once
+	// above it; past that the session's output waits (streams/scrub
+	// Budget). 0 cores: no budget.
+	ScrubCPUCores   float64 `yaml:"scrubCpuCores"`
+	ScrubCPUBurstMs int     `yaml:"scrubCpuBurstMs"`
 }
 
 // Storage is the organizations' storage, where teardown saves sessions
@@ -440,6 +446,11 @@ func (c *Config) validate() error {
 	}
 	if c.Storage.OrgQuotaMiB < 0 {
 		errs = append(errs, errors.New("storage.orgQuotaMiB: must be 0 (no cap) or more"))
+	}
+	if math.IsNaN(l.ScrubCPUCores) || l.ScrubCPUCores < 0 || (l.ScrubCPUCores > 0 && l.ScrubCPUCores < 0.01) || l.ScrubCPUCores > 64 {
+		errs = append(errs, errors.New("limits.scrubCpuCores: must be 0 (no budget) or 0.01 to 64"))
+	} else if l.ScrubCPUCores > 0 && (l.ScrubCPUBurstMs < 1 || l.ScrubCPUBurstMs > 60000) {
+		errs = append(errs, errors.New("limits.scrubCpuBurstMs: must be 1 to 60000 when scrubCpuCores is set"))
 	}
 	if l.IdleAction != IdleTeardown && l.IdleAction != IdlePause {
 		errs = append(errs, fmt.Errorf("limits.idleAction: %q is not teardown or pause", l.IdleAction))

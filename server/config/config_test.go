@@ -55,6 +55,9 @@ func TestLoadConfigDefaults(t *testing.T) {
 	if l.MaxConnsPerClient != 0 || l.RequestsPerSecond != 200 || l.RequestBurst != 1000 || l.MaxRequestsInFlight != 128 {
 		t.Errorf("per-client limits = %+v", l)
 	}
+	if l.ScrubCPUCores != 0.25 || l.ScrubCPUBurstMs != 1000 {
+		t.Errorf("scrub budget = %v cores, %d ms", l.ScrubCPUCores, l.ScrubCPUBurstMs)
+	}
 	if c.Sizes.Default != "standard-1" || len(c.Sizes.List) != 5 {
 		t.Errorf("sizes = %+v", c.Sizes)
 	}
@@ -163,6 +166,12 @@ func TestLoadConfigErrors(t *testing.T) {
 		"idle action":        {"limits:\n  idleAction: sleep\n", "idleAction"},
 		"disk pressure":      {"limits:\n  pressureFreeDiskMiB: -1\n", "limits.pressureFreeDiskMiB"},
 		"disk pressure low":  {"limits:\n  minFreeDiskMiB: 2048\n  pressureFreeDiskMiB: 2048\n", "more than limits.minFreeDiskMiB"},
+		"scrub cores":        {"limits:\n  scrubCpuCores: -0.5\n", "limits.scrubCpuCores"},
+		"scrub cores tiny":   {"limits:\n  scrubCpuCores: 0.001\n", "limits.scrubCpuCores"},
+		"scrub cores nan":    {"limits:\n  scrubCpuCores: .nan\n", "limits.scrubCpuCores"},
+		"scrub cores many":   {"limits:\n  scrubCpuCores: 65\n", "limits.scrubCpuCores"},
+		"scrub burst":        {"limits:\n  scrubCpuBurstMs: 0\n", "limits.scrubCpuBurstMs"},
+		"scrub burst long":   {"limits:\n  scrubCpuBurstMs: 60001\n", "limits.scrubCpuBurstMs"},
 		"bad yaml":           {"listen: [\n", "yaml"},
 	}
 	for name, c := range cases {

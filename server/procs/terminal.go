@@ -9,6 +9,11 @@
 //
 // Sessions are keyed by their store primary key (pk).
 //
+// A session's scrubber may hold a pump or a run back while the session's
+// scrubbing is over its CPU budget (scrub.Budget, in the scrubber's Write):
+// the pump stops reading, so the output waits in the sandbox's pipe and
+// nothing is dropped.
+//
 // Concurrency: Terminals and Contexts are safe for concurrent use. Every
 // goroutine here has an owner that stops it: a terminal's pump ends with
 // its process (Close kills it), the reaper with Terminals.Close, a socket's

@@ -255,6 +255,8 @@ func New(o Options) *Manager {
 	if m.now == nil {
 		m.now = func() time.Time { return time.Now().UTC() }
 	}
+	m.scrub.budgets = scrub.NewBudgets(scrub.BudgetConfig{Cores: o.Limits.ScrubCPUCores,
+		Burst: time.Duration(o.Limits.ScrubCPUBurstMs) * time.Millisecond}, m.throttled)
 	m.memAvailable = o.MemAvailable
 	m.pidsFree = o.PidsFree
 	m.dataFree, m.hostDirty, m.onDiskStop = o.DataFree, o.HostDirty, o.OnDiskStop
@@ -279,9 +281,9 @@ func New(o Options) *Manager {
 	if m.memAvailable == nil {
 		m.memAvailable = MemAvailableMiB
 	}
-	m.scrub.budget = o.Limits.MaxSecretsMemoryMiB << 20
-	if m.scrub.budget == 0 {
-		m.scrub.budget = max(0, meminfoMiB("MemTotal:")/8) << 20
+	m.scrub.memBudget = o.Limits.MaxSecretsMemoryMiB << 20
+	if m.scrub.memBudget == 0 {
+		m.scrub.memBudget = max(0, meminfoMiB("MemTotal:")/8) << 20
 	}
 	m.memMax = o.Limits.MaxMemoryMiB
 	if m.memMax == 0 {

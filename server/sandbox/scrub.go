@@ -13,7 +13,9 @@ import (
 
 // Scrubber is a session's scrubber: the rules plus the session's secrets
 // (and their encodings), compiled once and cached until the session is
-// deleted or its start fails.
+// deleted or its start fails. What it scrubs is charged to the session's
+// budget (limits.scrubCpuCores): its Writers and Pairs wait while the
+// session is over it, and deleting the session ends their waits.
 func (m *Manager) Scrubber(pk string) *scrub.Set {
 	if set, ok := m.scrub.cached(pk); ok {
 		return set
@@ -38,16 +40,34 @@ func (m *Manager) Scrubber(pk string) *scrub.Set {
 // (rate-limited), and the index would double the secrets' memory.
 func (m *Manager) RedactAllSessions(b []byte) []byte { return m.scrub.redactAll(b) }
 
-// scrubbers caches each session's compiled scrubber.
+// ScrubStats are the totals of the sessions' scrubbing budgets (metrics).
+func (m *Manager) ScrubStats() scrub.BudgetStats { return m.scrub.budgets.Stats() }
+
+// throttled records that a session's output waited for its scrubbing
+// budget (limits.scrubCpuCores): an event in its log, a line in ours.
+func (m *Manager) throttled(r scrub.Throttle) {
+	m.log.Info("session output held back: scrubbing over its CPU budget", "session", r.Key,
+		"heldMs", r.Held.Milliseconds(), "scrubCpuMs", r.CPU.Milliseconds())
+	if m.events != nil {
+		m.events.Event(r.Key, "scrub_throttled", map[string]any{"heldMs": r.Held.Milliseconds(), "waits": r.Waits,
+			"scrubCpuMs": r.CPU.Milliseconds(), "budgetCores": m.lim.ScrubCPUCores, "burstMs": m.lim.ScrubCPUBurstMs})
+	}
+}
+
+// scrubbers caches each session's compiled scrubber, and its budget
+// (limits.scrubCpuCores) that the scrubber charges: one per session until
+// it is forgotten.
 type scrubbers struct {
-	base *scrub.Set
-	// budget: the most memory (bytes) the cached sessions' secrets may
+	base    *scrub.Set
+	budgets *scrub.Budgets
+	// memBudget: the most memory (bytes) the cached sessions' secrets may
 	// take, checked at provision (admit); 0 = no limit.
-	budget int
-	mu     sync.Mutex
-	m      map[string]*scrub.Set // by pk
+	memBudget int
+	mu        sync.Mutex
+	m         map[string]*scrub.Set    // by pk
+	budget    map[string]*scrub.Budget // by pk, sessions in m with a budget
 	// info: the cached sessions that have secrets (redactAll's order and
-	// the budget).
+	// memBudget).
 	info map[string]secretsInfo
 	used int // bytes: the sum of info's
 }
@@ -88,9 +108,16 @@ func (s *scrubbers) add(pk string, secrets map[string]string, checkBudget bool) 
 	if old, ok := s.m[pk]; ok {
 		return old, nil
 	}
-	if checkBudget && s.budget > 0 && size > 0 && s.used+size > s.budget {
+	if checkBudget && s.memBudget > 0 && size > 0 && s.used+size > s.memBudget {
 		return nil, errdefs.Unavailable("the secrets of this server's sessions take %d MiB of the %d MiB it keeps for redacting them (these take %d MiB); retry later, or with fewer or shorter secrets",
-			s.used>>20, s.budget>>20, (size+1<<20-1)>>20)
+			s.used>>20, s.memBudget>>20, (size+1<<20-1)>>20)
+	}
+	if b := s.budgets.New(pk); b != nil {
+		set = set.WithBudget(b)
+		if s.budget == nil {
+			s.budget = map[string]*scrub.Budget{}
+		}
+		s.budget[pk] = b
 	}
 	if len(secrets) > 0 {
 		if s.info == nil {
@@ -146,5 +173,9 @@ func (s *scrubbers) forget(pk string) {
 	delete(s.m, pk)
 	s.used -= s.info[pk].bytes
 	delete(s.info, pk)
+	if b := s.budget[pk]; b != nil {
+		b.Close() // its streams' waits end
+		delete(s.budget, pk)
+	}
 	s.mu.Unlock()
 }

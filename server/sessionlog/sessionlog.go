@@ -14,7 +14,9 @@
 // Concurrency: a Logs is safe for concurrent use. A session's mutex guards
 // its ring and subscribers, and adding never blocks on a subscriber (a slow
 // one loses entries) nor on the database (persisting is an enqueue that
-// waits only while the store's buffer is full). Each kernel-log tailer is a
+// waits only while the store's buffer is full). Service alone may wait
+// before adding: for the session's scrubbing budget (its caller reads a
+// service's output). Each kernel-log tailer is a
 // goroutine owned by Logs: StopTail, Forget and Close end it, and Close
 // waits for all of them.
 package sessionlog
@@ -149,8 +151,12 @@ func (l *Logs) Event(pk, kind string, fields map[string]any) {
 
 // Service records a line a portal service (editor, notebook, ...) printed.
 // Lines are scrubbed and kept in the ring, not persisted: a service's
-// chatter would push the session's events out of the store.
+// chatter would push the session's events out of the store. The caller
+// reads the service's output a line at a time: Service first waits while
+// the session's scrubbing is over its CPU budget (scrub.Budget), so that
+// a service printing rule keywords waits in its pipe.
 func (l *Logs) Service(pk, name, line string) {
+	l.scrubber(pk).WaitBudget()
 	l.add(pk, Entry{"type": "service", "time": l.now().UTC().Format(time.RFC3339Nano), "service": name, "line": line})
 }
 

@@ -2,7 +2,8 @@
 // through (REST exec, terminals, kernel and log streams, runtime results,
 // error messages, our own logs). It owns the matching engine only: rules
 // come from configs/scrubber.yaml (LoadRules), known values from the
-// caller (Set.WithValues); it imports no other project package.
+// caller (Set.WithValues); it imports no other project package. It also
+// owns what scrubbing may cost a session (Budget).
 //
 // # Concurrency
 //
@@ -13,6 +14,33 @@
 // Counters are atomic and shared by a Set family (see Set.Counts);
 // Writer.Counts has one stream's counts. Values are never logged or
 // counted by value: counter keys are rule ids and "value:<name>".
+// Budgets and Budget are safe for concurrent use: a Budget's mutex guards
+// its bucket and is never held while waiting or reporting. A Writer or
+// Pair with a budget blocks in Write (the goroutine that feeds it, which
+// is the one reading the session's output, stops reading); Flush, Close
+// and Redact never wait. Budget.Close ends every wait at once.
+//
+// # Budget: what scrubbing may cost a session
+//
+// Scrubbing is the server's CPU, not the sandbox's: output the scrubber
+// finds costly (a flood of rule keywords: 5-40 MB per CPU-second against
+// 150-700 for clean text) would let one sandbox take server cores from
+// every other session. Set.WithBudget charges everything a session's Set
+// scrubs to its Budget, a token bucket of CPU time (BudgetConfig: Cores
+// sustained, Burst at once). Writes of Writers and Pairs, and Flush and
+// Close, are measured by the thread's CPU clock (the goroutine is locked
+// to its thread for the call; time blocked in the destination does not
+// count, CPU spent there does); Redact of less than 4 KiB by the wall
+// clock (the CPU clock costs a system call). Before each write a Writer or
+// Pair waits while the bucket is below zero, for the debt divided by Cores;
+// so nothing is dropped: the session's output waits in its pipe, the
+// sandbox's writer blocks, and its scrubbing averages Cores at most. A
+// caller that scrubs a session's output with Redact, one line at a time,
+// calls Set.WaitBudget before it reads more. Clean output is not slowed:
+// at 150+ MB per CPU-second, a quarter of a core takes 40+ MB/s, more than
+// a terminal carries, and Burst covers what an exec stream moves faster.
+// The Budgets of a server keep totals (Stats) and report a throttled
+// session at most every ReportEvery (Throttle).
 //
 // # What is redacted
 //

@@ -27,6 +27,7 @@ type Pair struct {
 	segs   []pairSeg // merged-stream offsets where a write of a stream began
 	n      int64     // merged bytes written
 	closed bool
+	budget *Budget // the Set's: waited for before a write, charged inside
 }
 
 type pairSeg struct {
@@ -37,7 +38,8 @@ type pairSeg struct {
 // NewPair returns a Pair writing the scrubbed stdout to stdout and the
 // scrubbed stderr to stderr.
 func (s *Set) NewPair(stdout, stderr io.Writer) *Pair {
-	p := &Pair{each: [2]*Writer{s.NewWriter(stdout), s.NewWriter(stderr)}}
+	p := &Pair{each: [2]*Writer{s.NewWriter(stdout), s.NewWriter(stderr)}, budget: s.budget}
+	p.each[0].inner, p.each[1].inner = true, true
 	if s.kv != nil {
 		vs := &Set{values: s.values, kv: s.kv, reg: s.reg}
 		p.merged = vs.NewWriter(nil)
@@ -60,8 +62,10 @@ type pairStream struct {
 func (s pairStream) Write(b []byte) (int, error) { return s.p.write(s.tag, b) }
 
 func (p *Pair) write(tag int, b []byte) (int, error) {
+	p.budget.Wait()
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	defer p.budget.end(p.budget.begin(true))
 	if p.closed {
 		return 0, ErrClosed
 	}
@@ -118,6 +122,7 @@ func (p *Pair) route(at int64, raw, repl []byte, mstart int64) bool {
 func (p *Pair) Flush() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	defer p.budget.end(p.budget.begin(true))
 	if p.closed {
 		return ErrClosed
 	}
@@ -136,6 +141,7 @@ func (p *Pair) Flush() error {
 func (p *Pair) Close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	defer p.budget.end(p.budget.begin(true))
 	if p.closed {
 		return nil
 	}

@@ -74,7 +74,7 @@ func (sc *scratch) holdAt(i, lim int) {
 }
 
 func (s *Set) getScratch() *scratch {
-	if sc, ok := s.pool.Get().(*scratch); ok {
+	if sc, ok := s.scratchPool().Get().(*scratch); ok {
 		return sc
 	}
 	return &scratch{}

@@ -36,6 +36,17 @@ type Set struct {
 	reg     *registry
 	classes int       // distinct crule.bytes (crule.class)
 	pool    sync.Pool // *scratch
+	budget  *Budget   // charged for everything scrubbed; nil: none
+	// poolOf: the Set whose pool Redact uses (a budgeted copy shares its
+	// parent's: the same rules and values); nil: this one.
+	poolOf *Set
+}
+
+func (s *Set) scratchPool() *sync.Pool {
+	if s.poolOf != nil {
+		return &s.poolOf.pool
+	}
+	return &s.pool
 }
 
 type namedValue struct{ name, value string }
@@ -141,7 +152,7 @@ func (s *Set) WithValues(values map[string]string) (*Set, error) {
 	slices.SortFunc(errs, func(a, b error) int { return strings.Compare(a.Error(), b.Error()) })
 	// The rules' anchors and prefilter are the parent's (immutable); only
 	// the known values are compiled again.
-	n := &Set{rules: s.rules, values: vals, reg: s.reg, anchors: s.anchors, pf: s.pf, classes: s.classes}
+	n := &Set{rules: s.rules, values: vals, reg: s.reg, anchors: s.anchors, pf: s.pf, classes: s.classes, budget: s.budget}
 	n.buildValues()
 	return n, errors.Join(errs...)
 }
@@ -249,8 +260,12 @@ func (s *Set) buildValues() {
 // Redact redacts a whole buffer (the end of b is the end of the stream).
 // It returns b itself when nothing was redacted.
 func (s *Set) Redact(b []byte) []byte {
+	if s.budget != nil {
+		m := s.budget.begin(len(b) >= cpuClockMin)
+		defer s.budget.end(m)
+	}
 	sc := s.getScratch()
-	defer s.pool.Put(sc)
+	defer s.scratchPool().Put(sc)
 	sc.before = nil
 	s.scan(sc, b, -1, true, false)
 	if len(sc.regs) == 0 {

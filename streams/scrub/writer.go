@@ -30,6 +30,8 @@ type Writer struct {
 	// fresh write's p[0]); sink, if set, replaces dst with offsets (Pair).
 	base int64
 	sink func(at int64, raw, repl []byte, mstart int64) bool
+	// inner: a Pair's writer (the Pair waits for the budget and measures).
+	inner bool
 }
 
 // NewWriter returns a Writer that writes the redacted stream to dst.
@@ -40,8 +42,19 @@ func (s *Set) NewWriter(dst io.Writer) *Writer {
 // Write scrubs p. Everything that can no longer be part of a secret is
 // written to dst before Write returns; the rest (bounded by the longest rule
 // or value) is held for the next call. It always reports len(p); the error
-// is dst's (sticky: after a dst error the writer drops its input).
+// is dst's (sticky: after a dst error the writer drops its input). With a
+// budget (Set.WithBudget) it first waits while the session owes CPU.
 func (w *Writer) Write(p []byte) (int, error) {
+	b := w.set.budget
+	if w.inner || b == nil {
+		return w.write(p)
+	}
+	b.Wait()
+	defer b.end(b.begin(true))
+	return w.write(p)
+}
+
+func (w *Writer) write(p []byte) (int, error) {
 	if w.closed {
 		return 0, ErrClosed
 	}
@@ -100,6 +113,9 @@ func (w *Writer) Flush() error {
 	if w.closed {
 		return ErrClosed
 	}
+	if b := w.set.budget; b != nil && !w.inner {
+		defer b.end(b.begin(true))
+	}
 	if w.err == nil && len(w.buf) > w.emitted {
 		w.process(w.buf, false, false, true)
 	}
@@ -111,6 +127,9 @@ func (w *Writer) Flush() error {
 func (w *Writer) Close() error {
 	if w.closed {
 		return w.err
+	}
+	if b := w.set.budget; b != nil && !w.inner {
+		defer b.end(b.begin(true))
 	}
 	if w.err == nil {
 		w.process(w.buf, true, false, false)
