@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode/utf16"
@@ -182,7 +183,54 @@ func valueForms(v []byte) []formSpec {
 			rev.pieces = append(rev.pieces, "")
 		}
 	}
-	return append(out, rev)
+	out = append(out, rev)
+	for i := range out {
+		out[i] = foldSpecial(out[i])
+	}
+	return out
+}
+
+// foldSpecial reads a form's special characters as the normalised stream
+// does (units.go): a fullwidth character becomes its ASCII, an invisible
+// one is left out. A character spread over pieces goes to the first.
+func foldSpecial(f formSpec) formSpec {
+	if !slices.ContainsFunc(f.pieces, func(p string) bool {
+		return strings.ContainsFunc(p, func(r rune) bool { return r >= 0x80 })
+	}) {
+		return f
+	}
+	var all []byte
+	var owner []int // the piece of each byte of all
+	for i, p := range f.pieces {
+		all = append(all, p...)
+		for range len(p) {
+			owner = append(owner, i)
+		}
+	}
+	out := make([][]byte, len(f.pieces))
+	changed := false
+	for j := 0; j < len(all); {
+		if specialLead[all[j]] {
+			if n, c := specialAt(all, j); n > 0 {
+				if c != 0 {
+					out[owner[j]] = append(out[owner[j]], c)
+				}
+				j += n
+				changed = true
+				continue
+			}
+		}
+		out[owner[j]] = append(out[owner[j]], all[j])
+		j++
+	}
+	if !changed {
+		return f
+	}
+	g := formSpec{name: f.name, pieces: make([]string, len(out))}
+	for i, b := range out {
+		g.pieces[i] = string(b)
+	}
+	return g
 }
 
 // utf16Renderers show a byte of UTF-16 as text.
