@@ -29,9 +29,9 @@
 // reversed (by character), hex (any case, also with ':', '-' or '.'
 // between bytes, as %XX, \xNN, \u00NN, 0xNN, lists), decimal byte lists
 // with commas, URL query and path escaping, JSON, Go, Python and
-// JavaScript string escapes, bash's printf %q and single-quote style,
-// UTF-16 (also shown as text: Python's bytes repr, od -c, cat -v), Python's
-// list(k), and base64 (std
+// JavaScript string escapes (also \u{NN}, Rust's escape_unicode), bash's
+// printf %q and single-quote style, UTF-16 (also shown as text:
+// Python's bytes repr, od -c, cat -v), Python's list(k), and base64 (std
 // and URL alphabets, every alignment: the characters whose bits all come
 // from the value). Matching is on the normalised stream: bytes below 0x21
 // (space, tab, NUL, CR, LF, backspace, other controls), terminal escape

@@ -132,6 +132,14 @@ func valueForms(v []byte) []formSpec {
 			return "'" + escapeLiteral(string(u.b), "'") + "',"
 		}),
 		perByte("json-u", func(c byte) string { return fmt.Sprintf(`\u%04x`, c) }),
+		// JavaScript's and Swift's code point escape, Rust's
+		// escape_unicode (lowered: \u{1F600} as \u{1f600})
+		perUnit("u-brace", func(u unit) string {
+			if u.r == utf8.RuneError && len(u.b) == 1 {
+				return string(u.b)
+			}
+			return fmt.Sprintf(`\u{%x}`, u.r)
+		}),
 		// other separators between hex bytes (.NET's BitConverter, hex('.'))
 		// and 0xNN without commas. (Decimal bytes without commas, as od -td1
 		// prints them, are all digits: their grams are in every number, and
