@@ -364,6 +364,7 @@ type kvScratch struct {
 	mark    []uint32 // extend's state set membership, by generation
 	pos     []int32  // and where in the set
 	gen     uint32
+	hasOpt  bool    // some character of the window is optional
 	bsTail  int     // normalize: the last bsTail characters read as erased (kvTail)
 	bsGot   int     // how many of them there were
 	tailBS  bsTrack // the backspace state at the end of data (normalize)
@@ -388,16 +389,27 @@ func (st *kvScratch) normalize(data []byte, from, to int) {
 	// Backspaces are followed only where there are some (or at the end of
 	// data: kvTail reads what a run still to come would erase).
 	track := to == len(data) || bytes.IndexByte(data[from:to+1], bs) >= 0
+	st.hasOpt = false
 	for i := from; i < to; {
 		c := data[i]
-		if c-0x21 < 0x7f-0x21 && !track { // an ASCII character (the common case)
-			if gap > kvGapMax && gapStart > from {
-				st.push(0, gapStart, 0)
+		if !track { // ASCII characters and separators (the common case)
+			if c-0x21 < 0x7f-0x21 {
+				if gap > kvGapMax && gapStart > from {
+					st.push(0, gapStart, 0)
+				}
+				gap = 0
+				st.push(lowerByte(c), i, 0)
+				i++
+				continue
 			}
-			gap = 0
-			st.push(lowerByte(c), i, 0)
-			i++
-			continue
+			if sepClass[c] == 1 {
+				if gap == 0 {
+					gapStart = i
+				}
+				gap++
+				i++
+				continue
+			}
 		}
 		cl := sepClass[c]
 		n, fc := 1, c // a character's length and byte (fullwidth: its ASCII)
@@ -457,6 +469,7 @@ func (st *kvScratch) normalize(data []byte, from, to int) {
 				for ; b < e; b++ {
 					st.push(lowerByte(data[b]), b, optESC)
 				}
+				st.hasOpt = true
 				gap = 0
 			} else {
 				gap += e - i
@@ -467,21 +480,25 @@ func (st *kvScratch) normalize(data []byte, from, to int) {
 	for i := to; i < len(data) && i < to+kvBSMax && data[i] == bs; i++ {
 		bt.back(st.opt)
 	}
+	st.hasOpt = st.hasOpt || bt.erased
 	if to == len(data) {
 		st.tailBS = bt
 		if st.bsTail > 0 {
-			st.bsGot = bt.pending(st.opt, st.bsTail)
+			if st.bsGot = bt.pending(st.opt, st.bsTail); st.bsGot > 0 {
+				st.hasOpt = true
+			}
 		}
 	}
 }
 
 // bsTrack follows the characters a backspace run may erase (units.go).
 type bsTrack struct {
-	u     [kvBSMax]int32 // ring: window index where each of the last characters begins
-	top   int            // u[(top-1)%kvBSMax] is the last
-	n     int            // how many: the current run of characters, at most kvBSMax
-	inRun bool           // the last byte was a backspace
-	end   int            // window index of the last character the run erased
+	u      [kvBSMax]int32 // ring: window index where each of the last characters begins
+	top    int            // u[(top-1)%kvBSMax] is the last
+	n      int            // how many: the current run of characters, at most kvBSMax
+	inRun  bool           // the last byte was a backspace
+	end    int            // window index of the last character the run erased
+	erased bool           // a character was
 }
 
 func (b *bsTrack) char(at int) {
@@ -508,6 +525,7 @@ func (b *bsTrack) back(opt []uint8) {
 			opt[x] = optErased
 		}
 		b.end = s
+		b.erased = true
 	}
 }
 
@@ -1256,6 +1274,9 @@ func (st *kvScratch) extend(s []byte, i, j, dir int) (bestJ, bestI int, edge boo
 		st.pos = make([]int32, len(s)+2)
 		st.gen = 0
 	}
+	if !st.hasOpt {
+		return st.extendPlain(s, i, j, dir)
+	}
 	for ; len(cur) > 0; i += dir {
 		if i < 0 || i >= len(st.nb) {
 			edge = true
@@ -1311,6 +1332,27 @@ func (st *kvScratch) extend(s []byte, i, j, dir int) (bestJ, bestI int, edge boo
 		st.sk, st.nsk = nsk, sk
 		cur, sk = nx, nsk
 	}
+	return bestJ, bestI, edge
+}
+
+// extendPlain is extend on a window without optional characters: one
+// state, the form walked while it agrees.
+func (st *kvScratch) extendPlain(s []byte, i, j, dir int) (bestJ, bestI int, edge bool) {
+	bestJ, bestI = j, i-dir
+	if dir < 0 {
+		bestJ, bestI = j, i+1
+	}
+	for ; j >= 0 && j < len(s); i, j = i+dir, j+dir {
+		if i < 0 || i >= len(st.nb) {
+			edge = true
+			break
+		}
+		if st.nb[i] != s[j] {
+			break
+		}
+		bestJ, bestI = j+dir, i
+	}
+	st.reach = bestI
 	return bestJ, bestI, edge
 }
 
@@ -1373,6 +1415,7 @@ func (s *Set) kvTailBoth(sc *scratch, data []byte) {
 			if bt.pending(st.opt, j) < j {
 				return
 			}
+			st.hasOpt = true
 		} else {
 			st.ws, st.we = 0, -1
 			if st.window(data, n-4*csiMax, n); st.bsGot < j {
