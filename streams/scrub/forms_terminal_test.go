@@ -243,6 +243,7 @@ func terminalFormCases(rnd *rand.Rand, v string) []struct{ form, text string } {
 	add("fullwidth", fullwidth(rnd, v, 1))
 	add("fullwidth", strings.ToUpper(fullwidth(rnd, v, 1)))
 	add("fullwidth", fullwidth(rnd, v, 0.5))
+	add("dotted", dotted(v))
 	add("u-brace", each(uBrace))
 	add("u-brace", strings.ToUpper(each(uBrace)))
 	for range 3 {
@@ -262,6 +263,7 @@ var terminalForms = []printedForm{
 	{"invisible", printInvisible, termLeak},
 	{"fullwidth", printFullwidth, termLeak},
 	{"u-brace", printUBrace, uBraceLeak},
+	{"dotted", func(_ *rand.Rand, v string) (string, bool) { return dotted(v), true }, dottedLeak},
 }
 
 func init() { printedForms = append(printedForms, terminalForms...) }
@@ -365,3 +367,51 @@ func TestTermView(t *testing.T) {
 // separator between a junk character and its backspace keeps it, and
 // multi-byte characters would be cut).
 var noSprinkle = map[string]bool{"erased": true, "invisible": true, "fullwidth": true}
+
+// dottedLeak: k+1 consecutive bytes of v in dotted decimal (k of them are
+// caught only where their digits are as many as the shortest match's; all
+// of a value of k bytes).
+func dottedLeak(out []byte, v string) bool {
+	return piecesLeak(leakView(out, true), perByteOf(v, func(c byte) string { return fmt.Sprint(c) }), ".", min(KnownRun(len(v))+1, len(v)))
+}
+
+// dotted is v's bytes in decimal joined by dots (Perl's printf '%vd').
+func dotted(v string) string {
+	p := make([]string, len(v))
+	for i := range len(v) {
+		p[i] = fmt.Sprint(v[i])
+	}
+	return strings.Join(p, ".")
+}
+
+// TestJoinedFormsOfExactlyK: hex bytes joined by '-' or '.' (Python's
+// bytes.hex('-'), .NET's BitConverter) of exactly k bytes printed on their
+// own, at every offset, are redacted (the separator after the last byte
+// counted in the shortest match let them pass before issue 15), and so is
+// dotted decimal of k+1 bytes (of k bytes when the shortest match starts
+// at the value's first byte: a window further in counts the dot before
+// it).
+func TestJoinedFormsOfExactlyK(t *testing.T) {
+	s, values := formsSet(t)
+	for _, name := range []string{"long", "punct", "short"} {
+		v := values[name]
+		k := KnownRun(len(v))
+		for i := 0; i+k <= len(v); i++ {
+			h := fmt.Sprintf("%x", v[i:i+k])
+			var pairs []string
+			for j := 0; j < len(h); j += 2 {
+				pairs = append(pairs, h[j:j+2])
+			}
+			ins := []string{strings.Join(pairs, "-"), strings.Join(pairs, ".")}
+			if i+k < len(v) {
+				ins = append(ins, dotted(v[i:i+k+1]))
+			}
+			for _, in := range ins {
+				out := s.RedactString("x = " + in + "\n")
+				if !strings.Contains(out, "[REDACTED:"+name+"]") {
+					t.Errorf("%s[%d:]: %q passes", name, i, out)
+				}
+			}
+		}
+	}
+}
