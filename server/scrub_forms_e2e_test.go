@@ -103,6 +103,7 @@ var scrubShellForms = []shellForm{
 	{"zero-width space between", `python3 -X utf8 -c 'import os; print("\u200b".join(os.environ["S"]))'`, true},
 	{"no-break space between", `python3 -X utf8 -c 'import os; print("\u00a0".join(os.environ["S"]))'`, true},
 	{"fullwidth", `python3 -X utf8 -c 'import os; print("".join(chr(ord(c) + 0xfee0) if "!" <= c <= "~" else c for c in os.environ["S"]))'`, true},
+	{"dotted decimal (perl %vd)", `perl -e 'printf "%vd\n", $ENV{S}'`, true},
 	{`\u{NN} per char`, `node -e 'console.log([...process.env.S].map(c => "\\u{" + c.codePointAt(0).toString(16) + "}").join(""))'`, true},
 }
 
@@ -126,7 +127,7 @@ print("%08x" % len(b))`
 var scrubPathForms = []string{"raw", "reversed (rev)", "od -An -tx1", "base64 -w8", "SGR between", "utf-16le", "stdout then stderr", "alternating stdout/stderr"}
 
 // Issue 15's forms, through the exec stream and a terminal as well.
-var scrubTerminalForms = []string{"X backspace before each char", "overstrike (nroff bold)", "zero-width space between", "no-break space between", "fullwidth", `\u{NN} per char`}
+var scrubTerminalForms = []string{"X backspace before each char", "overstrike (nroff bold)", "zero-width space between", "no-break space between", "fullwidth", "dotted decimal (perl %vd)", `\u{NN} per char`}
 
 func shellFormNamed(t *testing.T, name string) shellForm {
 	for _, f := range scrubShellForms {
@@ -349,7 +350,7 @@ func TestRealScrubForms(t *testing.T) {
 	t.Cleanup(func() { h.call(h.token, "DELETE", "/v1/sandbox/"+id, nil) })
 	// The tools the forms use are in the image (a missing one would read
 	// as a scrubber failure).
-	if r := h.sh(id, "for c in rev od base64 basenc fold iconv sed tr python3 node; do command -v $c >/dev/null || echo missing $c; done"); r.ExitCode != 0 || r.Stdout != "" {
+	if r := h.sh(id, "for c in rev od base64 basenc fold iconv sed tr python3 node perl; do command -v $c >/dev/null || echo missing $c; done"); r.ExitCode != 0 || r.Stdout != "" {
 		t.Fatalf("tools: %+v", r)
 	}
 	leaks := &leakLog{rows: map[string]map[string][]string{}}

@@ -139,6 +139,7 @@ var leakForms = []pieceForm{
 	{`\xNN`, perByte(func(c byte) string { return fmt.Sprintf(`\x%02x`, c) }), ""},
 	{`\u00NN`, perByte(func(c byte) string { return fmt.Sprintf(`\u%04x`, c) }), ""},
 	{`\u{NN}`, perByte(func(c byte) string { return fmt.Sprintf(`\u{%x}`, c) }), ""},
+	{"dotted decimal", perByte(func(c byte) string { return fmt.Sprint(c) }), "."},
 	// Python's quote(safe=''), Go's QueryEscape.
 	{"url", perByte(func(c byte) string {
 		if isAlnum(c) || strings.IndexByte("-_.~", c) >= 0 {
@@ -444,6 +445,7 @@ func goForms(v string) map[string]string {
 		"no-break space":   joinBytes(v, "\u00a0"),
 		"fullwidth":        mapBytes(v, func(c byte) string { return string(rune(c) + 0xfee0) }),
 		`\u{NN}`:           mapBytes(v, func(c byte) string { return fmt.Sprintf(`\u{%x}`, c) }),
+		"dotted decimal":   strings.TrimSuffix(mapBytes(v, func(c byte) string { return fmt.Sprintf("%d.", c) }), "."),
 	}
 }
 
