@@ -28,7 +28,7 @@
 // any of their forms: the value in any ASCII case,
 // reversed (by character), hex (any case, also with ':', '-' or '.'
 // between bytes, as %XX, \xNN, \u00NN, 0xNN, lists), decimal byte lists
-// with commas, URL query and path escaping, JSON, Go, Python and
+// with commas or joined by dots (Perl's %vd), URL query and path escaping, JSON, Go, Python and
 // JavaScript string escapes (also \u{NN}, Rust's escape_unicode), bash's
 // printf %q and single-quote style, UTF-16 (also shown as text:
 // Python's bytes repr, od -c, cat -v), Python's list(k), and base64 (std
@@ -67,10 +67,10 @@
 //
 // Also out of reach (docs/SECURITY.md): base32 and base64 of UTF-16LE
 // (their grams cost 5-10% of the scrubber's speed), compositions of forms
-// (hex or base64 of the reversed value), binary digits and dotted decimal
-// bytes, Ascii85, Base85 and uuencode, homoglyphs, cursor movement other than a
-// backspace, and more than one character erased by one backspace run
-// ("XY\b\b", a terminal's erase echo "\b \b" after several).
+// (hex or base64 of the reversed value), binary digits, Ascii85, Base85
+// and uuencode, homoglyphs, cursor movement other than a backspace, and
+// more than one character erased by one backspace run ("XY\b\b", a
+// terminal's erase echo "\b \b" after several).
 //
 // Rules read the stream as a terminal shows it: an escape sequence right
 // before a keyword is a boundary for \b, and a rule's window that holds
