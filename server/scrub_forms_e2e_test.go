@@ -96,6 +96,15 @@ var scrubShellForms = []shellForm{
 	{"stdout then stderr", `printf %s "${S:0:H}"; sleep 0.1; printf '%s\n' "${S:H}" >&2`, true},
 	{"stderr then stdout", `printf %s "${S:0:H}" >&2; sleep 0.1; printf '%s\n' "${S:H}"`, true},
 	{"alternating stdout/stderr", `Q=$((${#S}/4)); printf %s "${S:0:Q}"; sleep 0.1; printf %s "${S:Q:Q}" >&2; sleep 0.1; printf %s "${S:2*Q:Q}"; sleep 0.1; printf '%s\n' "${S:3*Q}" >&2`, true},
+	// Issue 15's review: what a terminal shows as the value though its
+	// bytes differ, and encodings programs print.
+	{"X backspace before each char", `python3 -X utf8 -c 'import os; print("".join("X\b" + c for c in os.environ["S"]))'`, true},
+	{"overstrike (nroff bold)", `python3 -X utf8 -c 'import os; print("".join(c + "\b" + c for c in os.environ["S"]))'`, true},
+	{"zero-width space between", `python3 -X utf8 -c 'import os; print("\u200b".join(os.environ["S"]))'`, true},
+	{"no-break space between", `python3 -X utf8 -c 'import os; print("\u00a0".join(os.environ["S"]))'`, true},
+	{"fullwidth", `python3 -X utf8 -c 'import os; print("".join(chr(ord(c) + 0xfee0) if "!" <= c <= "~" else c for c in os.environ["S"]))'`, true},
+	{"dotted decimal (perl %vd)", `perl -e 'printf "%vd\n", $ENV{S}'`, true},
+	{`\u{NN} per char`, `node -e 'console.log([...process.env.S].map(c => "\\u{" + c.codePointAt(0).toString(16) + "}").join(""))'`, true},
 }
 
 // xxd's and hexdump -C's layouts (hex columns and a text column).
@@ -116,6 +125,9 @@ print("%08x" % len(b))`
 
 // The representative set for the other paths.
 var scrubPathForms = []string{"raw", "reversed (rev)", "od -An -tx1", "base64 -w8", "SGR between", "utf-16le", "stdout then stderr", "alternating stdout/stderr"}
+
+// Issue 15's forms, through the exec stream and a terminal as well.
+var scrubTerminalForms = []string{"X backspace before each char", "overstrike (nroff bold)", "zero-width space between", "no-break space between", "fullwidth", "dotted decimal (perl %vd)", `\u{NN} per char`}
 
 func shellFormNamed(t *testing.T, name string) shellForm {
 	for _, f := range scrubShellForms {
@@ -338,7 +350,7 @@ func TestRealScrubForms(t *testing.T) {
 	t.Cleanup(func() { h.call(h.token, "DELETE", "/v1/sandbox/"+id, nil) })
 	// The tools the forms use are in the image (a missing one would read
 	// as a scrubber failure).
-	if r := h.sh(id, "for c in rev od base64 basenc fold iconv sed tr python3 node; do command -v $c >/dev/null || echo missing $c; done"); r.ExitCode != 0 || r.Stdout != "" {
+	if r := h.sh(id, "for c in rev od base64 basenc fold iconv sed tr python3 node perl; do command -v $c >/dev/null || echo missing $c; done"); r.ExitCode != 0 || r.Stdout != "" {
 		t.Fatalf("tools: %+v", r)
 	}
 	leaks := &leakLog{rows: map[string]map[string][]string{}}
@@ -410,7 +422,7 @@ func TestRealScrubForms(t *testing.T) {
 	})
 	t.Run("exec stream", func(t *testing.T) {
 		t.Parallel()
-		for _, name := range scrubPathForms {
+		for _, name := range append(slices.Clone(scrubPathForms), scrubTerminalForms...) {
 			f := shellFormNamed(t, name)
 			t.Run(f.name, func(t *testing.T) {
 				t.Parallel()
@@ -426,7 +438,7 @@ func TestRealScrubForms(t *testing.T) {
 			t.Fatalf("no prompt: %q", w.out.String())
 		}
 		seq := 1000
-		for _, name := range scrubPathForms {
+		for _, name := range append(slices.Clone(scrubPathForms), scrubTerminalForms...) {
 			f := shellFormNamed(t, name)
 			for _, sec := range secrets {
 				t.Run(f.name+"/"+sec.name, func(t *testing.T) {

@@ -14,6 +14,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 // leakSecret is a registered secret of the test session.
@@ -54,6 +55,31 @@ func leakNormalise(s string) string {
 		b = append(b, c)
 	}
 	return string(b)
+}
+
+// termRender is out as a person reads it on a terminal: a backspace
+// erases the character before it (the next one takes its place), the
+// invisible characters the e2e forms print show nothing, fullwidth ASCII
+// reads as ASCII. (leakNormalise then does the rest.)
+func termRender(out string) string {
+	var b []string
+	for i := 0; i < len(out); {
+		r, n := utf8.DecodeRuneInString(out[i:])
+		c := out[i : i+n]
+		switch {
+		case r == '\b':
+			if len(b) > 0 {
+				b = b[:len(b)-1]
+			}
+		case r == 0x200b || r == 0x200c || r == 0x200d || r == 0x2060 || r == 0xfeff || r == 0xa0 || r == 0xad:
+		case r >= 0xff01 && r <= 0xff5e:
+			b = append(b, string(r-0xfee0))
+		default:
+			b = append(b, c)
+		}
+		i += n
+	}
+	return strings.Join(b, "")
 }
 
 // A pieceForm writes a value byte by byte: pieces[i] is how byte i looks in
@@ -112,6 +138,8 @@ var leakForms = []pieceForm{
 	{"%XX", perByte(func(c byte) string { return fmt.Sprintf("%%%02x", c) }), ""},
 	{`\xNN`, perByte(func(c byte) string { return fmt.Sprintf(`\x%02x`, c) }), ""},
 	{`\u00NN`, perByte(func(c byte) string { return fmt.Sprintf(`\u%04x`, c) }), ""},
+	{`\u{NN}`, perByte(func(c byte) string { return fmt.Sprintf(`\u{%x}`, c) }), ""},
+	{"dotted decimal", perByte(func(c byte) string { return fmt.Sprint(c) }), "."},
 	// Python's quote(safe=''), Go's QueryEscape.
 	{"url", perByte(func(c byte) string {
 		if isAlnum(c) || strings.IndexByte("-_.~", c) >= 0 {
@@ -167,49 +195,50 @@ func (l leak) String() string {
 }
 
 // findLeaks returns, per form, the longest run of at least k bytes of
-// sec's value (m base64 characters) that out carries.
+// sec's value (m base64 characters) that out carries, as it is or as a
+// terminal shows it (termRender).
 func findLeaks(out string, sec leakSecret) []leak {
-	n := leakNormalise(out)
+	views := []string{leakNormalise(out)}
+	if t := leakNormalise(termRender(out)); t != views[0] {
+		views = append(views, t)
+	}
 	v := sec.value
 	k := leakThreshold(len(v))
 	var leaks []leak
+	// longest returns the longest run of k or more pieces of p (joined by
+	// sep) in a view.
+	longest := func(name string, p []string, sep string, k int) leak {
+		best := leak{form: name}
+		for _, n := range views {
+			for i := 0; i+k <= len(p); i++ {
+				j := i + k
+				if !strings.Contains(n, strings.Join(p[i:j], sep)) {
+					continue
+				}
+				for j < len(p) && strings.Contains(n, strings.Join(p[i:j+1], sep)) {
+					j++
+				}
+				if j-i > best.run {
+					best.run, best.at, best.text = j-i, i, strings.Join(p[i:j], sep)
+				}
+			}
+		}
+		return best
+	}
 	for _, f := range leakForms {
 		p := f.pieces(v)
 		for i := range p {
 			p[i] = leakNormalise(p[i])
 		}
-		sep := leakNormalise(f.sep)
-		best := leak{form: f.name}
-		for i := 0; i+k <= len(p); i++ {
-			j := i + k
-			if !strings.Contains(n, strings.Join(p[i:j], sep)) {
-				continue
-			}
-			for j < len(p) && strings.Contains(n, strings.Join(p[i:j+1], sep)) {
-				j++
-			}
-			if j-i > best.run {
-				best.run, best.at, best.text = j-i, i, strings.Join(p[i:j], sep)
-			}
-		}
-		if best.run > 0 {
+		if best := longest(f.name, p, leakNormalise(f.sep), k); best.run > 0 {
 			leaks = append(leaks, best)
 		}
 	}
 	pure, m := base64Windows(v, k)
 	best := leak{form: "base64"}
 	for _, s := range pure {
-		for i := 0; i+m <= len(s); i++ {
-			j := i + m
-			if !strings.Contains(n, s[i:j]) {
-				continue
-			}
-			for j < len(s) && strings.Contains(n, s[i:j+1]) {
-				j++
-			}
-			if j-i > best.run {
-				best.run, best.at, best.text = j-i, i, s[i:j]
-			}
+		if l := longest("base64", strings.Split(s, ""), "", m); l.run > best.run {
+			best = l
 		}
 	}
 	if best.run > 0 {
@@ -409,6 +438,14 @@ func goForms(v string) map[string]string {
 		"cr":           v[:h] + "\r" + v[h:],
 		"streams":      v[:h] + v[h:], // stdout then stderr, as the e2e test joins them
 		"in text":      "token=" + v + "; done",
+		// issue 15's review
+		"X backspace":      mapBytes(v, func(c byte) string { return "X\b" + string(c) }),
+		"overstrike":       mapBytes(v, func(c byte) string { return string(c) + "\b" + string(c) }),
+		"zero-width space": joinBytes(v, "\u200b"),
+		"no-break space":   joinBytes(v, "\u00a0"),
+		"fullwidth":        mapBytes(v, func(c byte) string { return string(rune(c) + 0xfee0) }),
+		`\u{NN}`:           mapBytes(v, func(c byte) string { return fmt.Sprintf(`\u{%x}`, c) }),
+		"dotted decimal":   strings.TrimSuffix(mapBytes(v, func(c byte) string { return fmt.Sprintf("%d.", c) }), "."),
 	}
 }
 
@@ -432,6 +469,9 @@ func TestLeakThreshold(t *testing.T) {
 func TestLeakNormalise(t *testing.T) {
 	in := "A b\tC\x00d\r\ne\x1b[31mF\x1b[1;38;5;208mg\x1b[0mH\x1b[K"
 	if got := leakNormalise(in); got != "abcdefgh" {
+		t.Fatalf("%q", got)
+	}
+	if got := leakNormalise(termRender("X\ba_\bb#Q\b\bc\u200bd\u00a0ｅＦ")); got != "abcdef" {
 		t.Fatalf("%q", got)
 	}
 }

@@ -56,20 +56,28 @@
 // any of their forms: the value in any ASCII case,
 // reversed (by character), hex (any case, also with ':', '-' or '.'
 // between bytes, as %XX, \xNN, \u00NN, 0xNN, lists), decimal byte lists
-// with commas, URL query and path escaping, JSON, Go, Python and
-// JavaScript string escapes, bash's printf %q and single-quote style,
-// UTF-16 (also shown as text: Python's bytes repr, od -c, cat -v), Python's
-// list(k), and base64
-// (std and URL alphabets, every alignment: the characters whose bits all
-// come from the value). Matching is on the normalised stream: bytes below
-// 0x21 (space, tab, NUL, CR, LF, other controls) and terminal escape
-// sequences (CSI, ESC and one byte) are left out, so single separators or
-// colour codes between characters, a value split over lines or by \r,
-// base64 at any wrap width, `od -An -tx1` and UTF-16's NULs all read as
-// the form itself. A run of more than 32 separator bytes breaks a match. The
-// bytes an escape sequence hides (a CSI's parameters and final byte, the
-// byte after ESC) are optional characters: a match may take or skip them,
-// and like other characters they end a separator run. The redaction covers the first to the last byte matched.
+// with commas or joined by dots (Perl's %vd), URL query and path escaping, JSON, Go, Python and
+// JavaScript string escapes (also \u{NN}, Rust's escape_unicode), bash's
+// printf %q and single-quote style, UTF-16 (also shown as text:
+// Python's bytes repr, od -c, cat -v), Python's list(k), and base64 (std
+// and URL alphabets, every alignment: the characters whose bits all come
+// from the value). Matching is on the normalised stream: bytes below 0x21
+// (space, tab, NUL, CR, LF, backspace, other controls), terminal escape
+// sequences (CSI, ESC and one byte) and invisible characters (no-break and
+// zero-width spaces and joiners, direction marks, soft hyphens, combining
+// marks, variation selectors, BOM: units.go) are left out, fullwidth ASCII
+// reads as ASCII, so single separators, invisible characters or colour
+// codes between characters, a value split over lines or by \r, base64 at
+// any wrap width, `od -An -tx1` and UTF-16's NULs all read as the form
+// itself. A run of more than 32 separator bytes breaks a match. The bytes
+// an escape sequence hides (a CSI's parameters and final byte, the byte
+// after ESC) and a character directly followed by a backspace (erased on
+// a terminal: "X\b" before each character, nroff's overstrike "s\bs" and
+// underline "_\bs") are optional characters: a
+// match may take them (as a raw reader sees them) or skip them (as a
+// terminal shows the output), skipping at most 32 final bytes or 8 erased
+// characters in a row, and like other characters they end a separator
+// run. The redaction covers the first to the last byte matched.
 // Overlapping matches merge into one redaction labelled by the earliest
 // (on a tie: known value, then rules in file order), counted once.
 //
@@ -84,6 +92,13 @@
 // that both merged in arrival order for known values, so a value split
 // between the streams (halves, or alternating pieces written at a normal
 // pace) is redacted where it begins.
+//
+// Also out of reach (docs/SECURITY.md): base32 and base64 of UTF-16LE
+// (their grams cost 5-10% of the scrubber's speed), compositions of forms
+// (hex or base64 of the reversed value), binary digits, Ascii85, Base85
+// and uuencode, homoglyphs, cursor movement other than a backspace, and
+// more than one character erased by one backspace run ("XY\b\b", a
+// terminal's erase echo "\b \b" after several).
 //
 // Rules read the stream as a terminal shows it: an escape sequence right
 // before a keyword is a boundary for \b, and a rule's window that holds
@@ -132,7 +147,9 @@
 // stride bytes (at most 8, and at most the shortest match less 3, so every
 // match holds a sample); at a sample the next four characters of the
 // normalised stream are gathered, straight from the 8 bytes there when
-// none is a separator, and looked up. A hit whose raw neighbours already
+// none is a separator, a backspace or part of a special character (all
+// ASCII output but for backspaces takes this path), and looked up; near a
+// backspace also the four a terminal shows. A hit whose raw neighbours already
 // differ from the form on both sides is dropped; the rest are extended
 // both ways on a locally normalised window.
 //
@@ -143,8 +160,9 @@
 // anchor reaching the end of the data, a keyword whose rule could still
 // match or extend with more input (decided by simulating the rule's
 // program, live.go, since regexp has no partial-match API), a base64 match
-// whose trailing character or padding has not arrived, or the start of any
-// match reaching past one of these. The hold-back is bounded by the
+// whose trailing character or padding has not arrived, a known-value
+// candidate followed only by a character a backspace could still erase, the first bytes of an invisible or fullwidth character, or
+// the start of any match reaching past one of these. The hold-back is bounded by the
 // longest rule window or anchor: a candidate that outgrows its MaxLen while
 // it could still match fails closed (the window is redacted), and so does
 // one whose window of escape sequences and characters reaches 2*MaxLen+128

@@ -8,8 +8,10 @@ import (
 )
 
 // Known values are matched on the normalised stream (see doc.go): bytes
-// below 0x21 (space, tab, NUL, CR, LF, other controls) and terminal escape
-// sequences are separators and left out, ASCII letters are lowered. A
+// below 0x21 (space, tab, NUL, CR, LF, other controls), terminal escape
+// sequences and invisible characters (units.go) are separators and left
+// out, ASCII letters are lowered, fullwidth ASCII is ASCII; characters a
+// backspace erases and escape sequences' final bytes are optional. A
 // match is a substring of the normalised stream, at least m_f characters
 // long, that is also a substring of a form f of a value; m_f is what k
 // consecutive value bytes take in f. A run of separators longer than
@@ -33,6 +35,9 @@ const (
 	kvLongM     = 20 // forms whose shortest match is this long are sampled less often
 	gatherMax   = 4 * (kvGapMax + csiMax)
 	kvStates    = 16 // extension states: the ways through an escape sequence of up to 15 optional characters
+	kvSkipMax   = 32 // what a match skips in a row at most: 32 escape sequences' final bytes, 8 erased characters
+	optESC      = 1  // skipping an escape sequence's final (or parameter) byte
+	optErased   = 4  // skipping a character a backspace erased
 )
 
 type kvForm struct {
@@ -60,12 +65,19 @@ type kvIndex struct {
 	stride int
 }
 
-// sepClass: 0 a character, 1 a separator byte, 2 ESC.
+// sepClass: 0 a character, 1 a separator byte, 2 ESC, 3 a backspace, 4
+// the lead byte of a special character (units.go) or of an ordinary one.
 var sepClass = func() (t [256]byte) {
 	for c := 0; c < 0x21; c++ {
 		t[c] = 1
 	}
 	t[0x1b] = 2
+	t[bs] = 3
+	for c := range 256 {
+		if specialLead[c] {
+			t[c] = 4
+		}
+	}
 	return
 }()
 
@@ -344,8 +356,14 @@ func nfExtend(data []byte, j, e int) int {
 // safeStart returns a position <= p from which classifying data forward
 // gives the same result as from the start: p itself unless an ESC in the
 // csiMax bytes before p begins a sequence that reaches past p; then that
-// ESC. (A sequence ends at the next ESC, so the last one decides.)
+// ESC (a sequence ends at the next ESC, so the last one decides); or the
+// start of the special character p is inside (units.go).
 func safeStart(data []byte, p int) int {
+	if p < len(data) {
+		if q := specialStart(data, p); q != p {
+			return q
+		}
+	}
 	lo := max(0, p-csiMax)
 	for j := p - 1; j >= lo; j-- {
 		if data[j] == 0x1b {
@@ -364,15 +382,21 @@ type kvScratch struct {
 	// break), their positions, and whether each is optional (the final
 	// byte of an escape sequence: a terminal hides it, a raw reader sees
 	// it, so a match may take it or skip it).
-	ws, we int
-	nb     []byte
-	np     []int32
-	opt    []bool
-	found  []kvFound
-	st, nx []int32  // extension state sets
-	reach  int      // see extend
-	mark   []uint32 // extend's state set membership, by generation
-	gen    uint32
+	ws, we  int
+	nb      []byte
+	np      []int32
+	opt     []uint8 // 0 plain; else optional, what skipping it costs (optESC, optErased)
+	found   []kvFound
+	st, nx  []int32  // extension state sets
+	sk, nsk []uint8  // their optional characters skipped in a row
+	reach   int      // see extend
+	mark    []uint32 // extend's state set membership, by generation
+	pos     []int32  // and where in the set
+	gen     uint32
+	hasOpt  bool    // some character of the window is optional
+	bsTail  int     // normalize: the last bsTail characters read as erased (kvTail)
+	bsGot   int     // how many of them there were
+	tailBS  bsTrack // the backspace state at the end of data (normalize)
 }
 
 type kvFound struct {
@@ -382,28 +406,85 @@ type kvFound struct {
 
 // normalize fills the window with data[from:to]; from must be a safe start.
 // A break (0 in nb) marks a separator run longer than kvGapMax before a
-// character; a run cut by the window's start is not marked.
+// character; a run cut by the window's start is not marked. Characters a
+// backspace run erases are optional (units.go), also when the run begins
+// at to; with st.bsTail, so are the last bsTail characters of data (a
+// run may still come).
 func (st *kvScratch) normalize(data []byte, from, to int) {
 	st.ws, st.we = from, to
 	st.nb, st.np, st.opt = st.nb[:0], st.np[:0], st.opt[:0]
 	gap, gapStart := 0, from
+	var bt bsTrack
+	// Backspaces are followed only where there are some (or at the end of
+	// data: kvTail reads what a run still to come would erase).
+	track := to == len(data) || bytes.IndexByte(data[from:to+1], bs) >= 0
+	st.hasOpt = false
 	for i := from; i < to; {
 		c := data[i]
-		switch sepClass[c] {
+		if !track { // ASCII characters and separators (the common case)
+			if c-0x21 < 0x7f-0x21 {
+				if gap > kvGapMax && gapStart > from {
+					st.push(0, gapStart, 0)
+				}
+				gap = 0
+				st.push(lowerByte(c), i, 0)
+				i++
+				continue
+			}
+			if sepClass[c] == 1 {
+				if gap == 0 {
+					gapStart = i
+				}
+				gap++
+				i++
+				continue
+			}
+		}
+		cl := sepClass[c]
+		n, fc := 1, c // a character's length and byte (fullwidth: its ASCII)
+		if cl == 4 {
+			if sn, sc := specialAt(data, i); sn > 0 {
+				n, fc = sn, sc
+				if sc == 0 {
+					cl = 1 // an invisible character: a separator
+				} else {
+					cl = 0
+				}
+			} else {
+				cl, n = 0, unitLen(data, i)
+			}
+		} else if cl == 0 && c >= 0x80 {
+			n = unitLen(data, i)
+		}
+		switch cl {
 		case 0:
 			if gap > kvGapMax && gapStart > from {
-				st.push(0, gapStart, false)
+				st.push(0, gapStart, 0)
 			}
 			gap = 0
-			st.push(lowerByte(c), i, false)
-			i++
-		case 1:
+			bt.char(len(st.nb))
+			if fc != c || n == 1 {
+				st.push(lowerByte(fc), i, 0)
+			} else {
+				// a multi-byte character: each byte a character
+				for k := i; k < i+n && k < to; k++ {
+					st.push(data[k], k, 0)
+				}
+			}
+			i += n
+		case 1, 3:
 			if gap == 0 {
 				gapStart = i
 			}
-			gap++
-			i++
+			gap += n
+			i += n
+			if cl == 3 {
+				bt.back(st.opt)
+			} else {
+				bt.sep()
+			}
 		default:
+			bt.sep()
 			if gap == 0 {
 				gapStart = i
 			}
@@ -412,11 +493,12 @@ func (st *kvScratch) normalize(data []byte, from, to int) {
 				// Optional characters end a separator run like plain ones
 				// (a break goes before them): a raw reader sees them.
 				if gap+b-i > kvGapMax && gapStart > from {
-					st.push(0, gapStart, false)
+					st.push(0, gapStart, 0)
 				}
 				for ; b < e; b++ {
-					st.push(lowerByte(data[b]), b, true)
+					st.push(lowerByte(data[b]), b, optESC)
 				}
+				st.hasOpt = true
 				gap = 0
 			} else {
 				gap += e - i
@@ -424,31 +506,90 @@ func (st *kvScratch) normalize(data []byte, from, to int) {
 			i = e
 		}
 	}
+	for i := to; i < len(data) && i < to+kvBSMax && data[i] == bs; i++ {
+		bt.back(st.opt)
+	}
+	st.hasOpt = st.hasOpt || bt.erased
+	if to == len(data) {
+		st.tailBS = bt
+		if st.bsTail > 0 {
+			if st.bsGot = bt.pending(st.opt, st.bsTail); st.bsGot > 0 {
+				st.hasOpt = true
+			}
+		}
+	}
 }
 
-func (st *kvScratch) push(c byte, p int, opt bool) {
+// bsTrack follows the characters a backspace run may erase (units.go).
+type bsTrack struct {
+	u      [kvBSMax]int32 // ring: window index where each of the last characters begins
+	top    int            // u[(top-1)%kvBSMax] is the last
+	n      int            // how many: the current run of characters, at most kvBSMax
+	inRun  bool           // the last byte was a backspace
+	end    int            // window index of the last character the run erased
+	erased bool           // a character was
+}
+
+func (b *bsTrack) char(at int) {
+	if b.inRun {
+		b.n, b.inRun = 0, false
+	}
+	b.u[b.top%kvBSMax] = int32(at)
+	b.top++
+	b.n = min(b.n+1, kvBSMax)
+}
+
+func (b *bsTrack) sep() { b.n, b.inRun = 0, false }
+
+// back: a backspace erases the last character not yet erased.
+func (b *bsTrack) back(opt []uint8) {
+	if !b.inRun {
+		b.inRun, b.end = true, len(opt)
+	}
+	if b.n > 0 {
+		b.n--
+		b.top--
+		s := int(b.u[b.top%kvBSMax])
+		for x := s; x < b.end; x++ {
+			opt[x] = optErased
+		}
+		b.end = s
+		b.erased = true
+	}
+}
+
+// pending: a run of j more backspaces at the end (it may still come);
+// it returns how many characters it erased.
+func (b *bsTrack) pending(opt []uint8, j int) int {
+	k := 0
+	for ; k < j && b.n > 0; k++ {
+		b.back(opt)
+	}
+	return k
+}
+
+func (st *kvScratch) push(c byte, p int, opt uint8) {
 	st.nb = append(st.nb, c)
 	st.np = append(st.np, int32(p))
 	st.opt = append(st.opt, opt)
 }
 
 // trailing reports whether more input could continue a match whose last
-// character ends at p: only separators and escape sequences follow to the
-// end of data, no more than kvGapMax bytes of them, or a sequence still
-// undecided (escAt: its ESC).
+// character ends at p: only separators, escape sequences and erased
+// characters follow to the end of data, no more than kvGapMax bytes of
+// them and kvSkipMax optional characters, or a sequence still undecided
+// (escAt: its ESC), or characters a backspace run could still erase.
 func trailing(data []byte, p int, final bool) (open bool, escAt int) {
 	if final {
 		return false, -1
 	}
-	gap := 0
+	gap, skipped := 0, 0
 	for i := p; i < len(data); {
 		switch sepClass[data[i]] {
-		case 0:
-			return false, -1
-		case 1:
+		case 1, 3:
 			gap++
 			i++
-		default:
+		case 2:
 			e, pend := seqEnd(data, i)
 			if pend {
 				return gap <= kvGapMax, i // as kvTail sees it
@@ -456,7 +597,7 @@ func trailing(data []byte, p int, final bool) (open bool, escAt int) {
 			if b := bodyStart(data, i, e); b < e {
 				// optional characters: a break before them ends the
 				// match; past them a new separator run begins (normalize)
-				if gap+b-i > kvGapMax {
+				if skipped += e - b; gap+b-i > kvGapMax || skipped > kvSkipMax {
 					return false, -1
 				}
 				gap = 0
@@ -464,6 +605,33 @@ func trailing(data []byte, p int, final bool) (open bool, escAt int) {
 				gap += e - i
 			}
 			i = e
+		default:
+			if sn, sc := specialAt(data, i); sn > 0 && sc == 0 {
+				gap += sn
+				i += sn
+				continue
+			}
+			if specialPending(data, i) {
+				return gap <= kvGapMax, -1 // as kvTail sees it
+			}
+			erased, maybe := bsErased(data, i)
+			if maybe {
+				return gap <= kvGapMax, -1
+			}
+			// an erased character is optional, like an escape
+			// sequence's final byte (its bytes are characters, but a
+			// fullwidth one's)
+			n, c := kvChar(data, i)
+			if c != data[i] {
+				skipped += optErased
+			} else {
+				skipped += n * optErased
+			}
+			if !erased || gap > kvGapMax || skipped > kvSkipMax {
+				return false, -1
+			}
+			gap = 0
+			i += n
 		}
 	}
 	return gap <= kvGapMax, -1
@@ -505,23 +673,29 @@ func (s *Set) scanKV(sc *scratch, data []byte, final bool) {
 	stride := kv.stride
 	var esc escSpan
 	p, cnt := 0, 0
+	// Backspaces are rare: without one the samples' test is as it was.
+	bsIn := bytes.IndexByte(data, bs) >= 0
 	for ; p+8 <= n; p += stride {
 		long := cnt == 0
 		if cnt++; cnt == kv.every {
 			cnt = 0
 		}
 		w := binary.LittleEndian.Uint64(data[p:])
-		if _, e := esc.inside(p); e < 0 {
+		if _, e := esc.inside(p); e < 0 && (w&0x8080808080808080 == 0 || !specialNear(data, p, w&0x8080808080808080)) {
 			sm := sepMask(w)
 			if sm == 0 {
+				// (a backspace run after these 8 characters erases at
+				// most the last kvBSMax of them)
 				if key := uint32(w) | fold4; kv.test(key, long) {
 					s.kvHit(sc, data, p, key, final)
 				}
 				continue
 			}
-			// Separators but no ESC, and four characters among the 8
-			// bytes: gather them here.
-			if bits.OnesCount64(sm) <= 4 && !hasESC(w) {
+			// Separators but no ESC or backspace, and four characters
+			// among the 8 bytes (not the last if a backspace follows
+			// it: with four separators it is the gram's fourth): gather
+			// them here.
+			if ns := bits.OnesCount64(sm); ns <= 4 && !hasESC(w) && (!bsIn || !hasBS(w) && (ns < 4 || sm>>63 != 0 || !bsAfter(data, p+8))) {
 				off, key := compact4(w)
 				if kv.test(key, long) {
 					s.kvHit(sc, data, p+off, key, final)
@@ -585,12 +759,17 @@ func (e *escSpan) see(data []byte, i int) int {
 }
 
 func (s *Set) kvSample(sc *scratch, data []byte, p int, esc *escSpan, long, final bool) {
-	g, key, g2, key2, ok, ok2 := gather(data, p, esc)
+	g, key, g2, key2, ok, ok2, bsNear := gather(data, p, esc)
 	if ok && s.kv.test(key, long) {
 		s.kvHit(sc, data, g, key, final)
 	}
 	if ok2 && s.kv.test(key2, long) {
 		s.kvHit(sc, data, g2, key2, final)
+	}
+	if bsNear {
+		if g3, key3, ok3 := gatherErased(data, p, esc); ok3 && (key3 != key || g3 != g || !ok) && s.kv.test(key3, long) {
+			s.kvHit(sc, data, g3, key3, final)
+		}
 	}
 }
 
@@ -598,6 +777,35 @@ func (s *Set) kvSample(sc *scratch, data []byte, p int, esc *escSpan, long, fina
 func hasESC(w uint64) bool {
 	x := w ^ 0x1b1b1b1b1b1b1b1b
 	return (x-0x0101010101010101)&^x&0x8080808080808080 != 0
+}
+
+// hasBS: some byte of w is a backspace.
+func hasBS(w uint64) bool {
+	x := w ^ 0x0808080808080808
+	return (x-0x0101010101010101)&^x&0x8080808080808080 != 0
+}
+
+// bsAfter: the character before i may be erased by a backspace: one is at
+// i (kvBSMax is 1), or data ends there.
+func bsAfter(data []byte, i int) bool {
+	return i >= len(data) || data[i] == bs
+}
+
+// specialNear: a special character (units.go) overlaps the 8 bytes at p
+// (hi: their bytes with the high bit set).
+func specialNear(data []byte, p int, hi uint64) bool {
+	if hi&0x80 != 0 && specialStart(data, p) != p {
+		return true
+	}
+	for b := 0; hi != 0; b++ {
+		if hi&0x80 != 0 && specialLead[data[p+b]] {
+			if n, _ := specialAt(data, p+b); n > 0 || specialPending(data, p+b) {
+				return true
+			}
+		}
+		hi >>= 8
+	}
+	return false
 }
 
 // compact4 returns the first four bytes of w that are not separators
@@ -629,8 +837,10 @@ func sepMask(w uint64) uint64 {
 // sequences whole; when it passed one, also the gram that takes their final
 // bytes as characters (key2; from inside a sequence, its final byte comes
 // first). It records the sequences it sees in esc. ok is false when the
-// data ends first. A break restarts a gram after it.
-func gather(data []byte, p int, esc *escSpan) (first int, key uint32, first2 int, key2 uint32, ok, ok2 bool) {
+// data ends first. A break restarts a gram after it. Backspaces are
+// separators here (the characters they erase are taken); bsNear: one was
+// passed or follows closely (then gatherErased has the gram without them).
+func gather(data []byte, p int, esc *escSpan) (first int, key uint32, first2 int, key2 uint32, ok, ok2, bsNear bool) {
 	n := len(data)
 	got, got2, gap := 0, 0, 0
 	seq := false
@@ -645,6 +855,9 @@ func gather(data []byte, p int, esc *escSpan) (first int, key uint32, first2 int
 			key2 |= uint32(data[b]|0x20) << (8 * got2)
 			got2++
 		}
+	} else if q := specialStart(data, p); q != p { // inside a special character
+		sn, _ := specialAt(data, q)
+		i = q + sn
 	}
 	// A gram spread over more than gatherMax bytes (optional characters
 	// between its characters, each ending a separator run) is not looked
@@ -652,7 +865,39 @@ func gather(data []byte, p int, esc *escSpan) (first int, key uint32, first2 int
 	lim := min(n, p+gatherMax)
 	for ; i < lim && (got < kvQ || seq && got2 < kvQ); i++ {
 		c := data[i]
-		switch sepClass[c] {
+		cl := sepClass[c]
+		if cl == 4 {
+			sn, sc := specialAt(data, i)
+			switch {
+			case sn == 0:
+				cl = 0
+			case sc == 0:
+				gap += sn
+				i += sn - 1
+				cl = 5
+			default:
+				c = lowerByte(sc)
+				cl = 0
+				if got == 0 {
+					first = i
+				}
+				if got2 == 0 {
+					first2 = i
+				}
+				i += sn - 1
+				if got < kvQ {
+					key |= uint32(c|0x20) << (8 * got)
+					got++
+				}
+				if got2 < kvQ {
+					key2 |= uint32(c|0x20) << (8 * got2)
+					got2++
+				}
+				gap = 0
+				cl = 5
+			}
+		}
+		switch cl {
 		case 0:
 			if got == 0 {
 				first = i
@@ -671,6 +916,10 @@ func gather(data []byte, p int, esc *escSpan) (first int, key uint32, first2 int
 			gap = 0
 		case 1:
 			gap++
+		case 3:
+			gap++
+			bsNear = true
+		case 5: // done above
 		default:
 			e := esc.see(data, i)
 			b := bodyStart(data, i, e)
@@ -720,7 +969,145 @@ func gather(data []byte, p int, esc *escSpan) (first int, key uint32, first2 int
 			j = esc.see(data, j) - 1
 		}
 	}
-	return first, key, first2, key2, got == kvQ, seq && got2 == kvQ
+	if !bsNear && i < n {
+		// a run right after may erase the last characters gathered
+		bsNear = bytes.IndexByte(data[i:min(n, i+4*kvBSMax+1)], bs) >= 0
+	}
+	return first, key, first2, key2, got == kvQ, seq && got2 == kvQ, bsNear
+}
+
+// gatherErased returns the next kvQ characters from raw p as a terminal
+// shows them: escape sequences skipped whole and the characters a
+// backspace run erases left out (units.go), and the position of the
+// first. A character is taken once no run can reach it any more (or at
+// gatherMax or the end of data). ok is false when fewer than kvQ remain.
+func gatherErased(data []byte, p int, esc *escSpan) (first int, key uint32, ok bool) {
+	n := len(data)
+	i := p
+	if _, e := esc.inside(p); e >= 0 {
+		i = e
+	} else if q := specialStart(data, p); q != p {
+		sn, _ := specialAt(data, q)
+		i = q + sn
+	}
+	const tmax = 32
+	var tc [tmax]byte
+	var tp [tmax]int
+	tn := 0
+	var u [kvBSMax]int // where the last characters (erasable) begin in tc
+	un := 0
+	inRun := false
+	gap := 0
+	// what was erased since a character was kept for good: a match skips
+	// at most kvSkipMax in a row (extend)
+	erased, kept := 0, 0
+	lim := min(n, p+gatherMax)
+	for i < lim {
+		committed := tn
+		if un > 0 {
+			committed = u[0]
+		}
+		if committed >= kvQ {
+			break
+		}
+		if committed > kept {
+			erased, kept = 0, committed
+		}
+		c := data[i]
+		cl := sepClass[c]
+		ln := 1
+		if cl == 4 {
+			sn, sc := specialAt(data, i)
+			switch {
+			case sn == 0:
+				cl, ln = 0, unitLen(data, i)
+			case sc == 0:
+				cl, ln = 1, sn
+			default:
+				cl, ln, c = 0, sn, sc
+			}
+		} else if cl == 0 && c >= 0x80 {
+			ln = unitLen(data, i)
+		}
+		switch cl {
+		case 0:
+			gap = 0
+			if inRun {
+				un, inRun = 0, false
+			}
+			if un == kvBSMax {
+				copy(u[:], u[1:])
+				un--
+			}
+			if tn+4 > tmax {
+				return 0, 0, false
+			}
+			u[un] = tn
+			un++
+			if ln == 1 || c != data[i] {
+				tc[tn], tp[tn] = lowerByte(c), i
+				tn++
+			} else {
+				for k := i; k < i+ln; k++ {
+					tc[tn], tp[tn] = data[k], k
+					tn++
+				}
+			}
+			i += ln
+		case 1:
+			gap += ln
+			un, inRun = 0, false
+			i += ln
+		case 3:
+			gap++
+			if !inRun {
+				inRun = true
+			}
+			if un > 0 {
+				un--
+				tn = u[un]
+				if erased += optErased; erased > kvSkipMax {
+					tn, un, kept = 0, 0, 0 // too many in a row: as a break
+				}
+				if tn == 0 && i >= p+kvMaxStride {
+					// Nothing kept after a stride: the next sample, no
+					// later than here, finds the same characters kept
+					// (a run erases the same ones) and gathers on.
+					return 0, 0, false
+				}
+			}
+			i++
+		default:
+			un, inRun = 0, false
+			if tn >= kvQ {
+				i = lim
+				break
+			}
+			e, _ := seqEnd(data, i)
+			if b := bodyStart(data, i, e); b < e {
+				// optional characters end a separator run (normalize)
+				if gap+b-i > kvGapMax {
+					return 0, 0, false // as a break (below)
+				}
+				gap = 0
+			} else {
+				gap += e - i
+			}
+			i = e
+		}
+		if gap > kvGapMax && tn < kvQ {
+			// a break: what was gathered cannot reach past it, and a
+			// later sample gathers what follows
+			return 0, 0, false
+		}
+	}
+	if tn < kvQ {
+		return 0, 0, false
+	}
+	for k := range kvQ {
+		key |= uint32(tc[k]|0x20) << (8 * k)
+	}
+	return tp[0], key, true
 }
 
 // kvHit verifies a sampled gram whose first character is at raw g.
@@ -737,10 +1124,12 @@ func (s *Set) kvHit(sc *scratch, data []byte, g int, key uint32, final bool) {
 	// occurrence whose form differs on both sides extends to four only.
 	prev, next := -1, -1
 	if plain && g >= csiMax+1 && g+kvQ < len(data) && bytes.IndexByte(data[g-csiMax-1:g+kvQ+1], 0x1b) < 0 {
-		if c := data[g-1]; sepClass[c] == 0 {
+		// (not a special character's byte; a backspace run erases
+		// no character before the gram, kvBSMax <= kvQ)
+		if c := data[g-1]; sepClass[c] == 0 && c < 0x80 {
 			prev = int(lowerByte(c))
 		}
-		if c := data[g+kvQ]; sepClass[c] == 0 {
+		if c := data[g+kvQ]; sepClass[c] == 0 && c < 0x80 && !bsAfter(data, g+kvQ+1) {
 			next = int(lowerByte(c))
 		}
 	}
@@ -774,37 +1163,64 @@ func (s *Set) kvHit(sc *scratch, data []byte, g int, key uint32, final bool) {
 // quickReject decides on the raw bytes, without normalising, that the
 // gram at g (four plain bytes) extends to fewer than f.m characters: both
 // ways the walk stops at a plain byte that differs from the form and is
-// not part of an escape sequence (or at the form's ends). Anything else
-// (a separator, an escape sequence, the end of data) goes the full way.
+// not part of an escape sequence nor erased by a backspace (or at a break,
+// or at the form's ends), passing separator bytes as the normalised stream
+// leaves them out. Anything else (an escape sequence, a backspace, a
+// special character, the end of data) goes the full way.
 func quickReject(data []byte, g int, f *kvForm, off int) bool {
 	n := len(data)
-	r := kvQ
+	r, x, gap := kvQ, g+kvQ, 0
+right:
 	for off+r < len(f.s) {
-		if g+r == n {
+		if x == n {
 			return false
 		}
-		c := data[g+r]
-		if sepClass[c] != 0 {
+		c := data[x]
+		switch sepClass[c] {
+		case 0:
+		case 1:
+			if gap++; gap > kvGapMax {
+				break right // a break ends the match
+			}
+			x++
+			continue
+		default:
 			return false
 		}
 		if lowerByte(c) != f.s[off+r] {
+			if e, maybe := bsErased(data, x); e || maybe {
+				return false // an erased character may be skipped
+			}
 			break
 		}
-		r++
+		r, x, gap = r+1, x+1, 0
 	}
 	l := 0
+	x, gap = g-1, 0
+left:
 	for off-l-1 >= 0 {
-		x := g - l - 1
-		if x < 0 || sepClass[data[x]] != 0 {
+		if x < 0 {
 			return false
 		}
-		if lowerByte(data[x]) != f.s[off-l-1] {
+		c := data[x]
+		switch sepClass[c] {
+		case 0:
+		case 1:
+			if gap++; gap > kvGapMax {
+				break left
+			}
+			x--
+			continue
+		default:
+			return false
+		}
+		if lowerByte(c) != f.s[off-l-1] {
 			if safeStart(data, x) != x {
 				return false // x may be a sequence's final byte
 			}
 			break
 		}
-		l++
+		l, x, gap = l+1, x-1, 0
 	}
 	return l+r < f.m
 }
@@ -859,19 +1275,19 @@ func (s *Set) kvExtend(sc *scratch, data []byte, g int, f *kvForm, off int) (sta
 		// gram was sampled must not decide where a redaction begins (a
 		// plain character before optional ones can begin a match too).
 		li = min(li, st.reach)
-		return int(st.np[li]), int(st.np[ri]) + 1, true
+		return int(st.np[li]), charEnd(data, int(st.np[ri])), true
 	}
 }
 
 // extend runs the form s against the window from index i and form offset
 // j in direction dir (+1 right, -1 left), optional characters taken or
-// skipped. It returns the farthest form offset reached by taking a
-// character (right: the end, exclusive; left: the offset before the first
-// taken) and the window index of that character (i - dir if none), and
-// whether it ran into the window's edge with states alive. st.reach is
-// the farthest index where any state took a character (a shorter path
-// may begin before the longest one: a plain character before optional
-// ones).
+// skipped (at most kvSkipMax in a row). It returns the farthest form
+// offset reached by taking a character (right: the end, exclusive; left:
+// the offset before the first taken) and the window index of that
+// character (i - dir if none), and whether it ran into the window's edge
+// with states alive. st.reach is the farthest index where any state took a
+// character (a shorter path may begin before the longest one: a plain
+// character before optional ones).
 func (st *kvScratch) extend(s []byte, i, j, dir int) (bestJ, bestI int, edge bool) {
 	bestJ, bestI = j, i-dir
 	if dir < 0 {
@@ -879,10 +1295,16 @@ func (st *kvScratch) extend(s []byte, i, j, dir int) (bestJ, bestI int, edge boo
 	}
 	st.reach = bestI
 	cur := append(st.st[:0], int32(j))
-	// mark[o+1] == gen: form offset o is in nx (o runs from -1 to len(s))
+	sk := append(st.sk[:0], 0)
+	// mark[o+1] == gen: form offset o is in nx, at pos[o+1] (o runs from
+	// -1 to len(s))
 	if len(st.mark) < len(s)+2 {
 		st.mark = make([]uint32, len(s)+2)
+		st.pos = make([]int32, len(s)+2)
 		st.gen = 0
+	}
+	if !st.hasOpt {
+		return st.extendPlain(s, i, j, dir)
 	}
 	for ; len(cur) > 0; i += dir {
 		if i < 0 || i >= len(st.nb) {
@@ -890,24 +1312,36 @@ func (st *kvScratch) extend(s []byte, i, j, dir int) (bestJ, bestI int, edge boo
 			break
 		}
 		c := st.nb[i]
-		nx := st.nx[:0]
+		nx, nsk := st.nx[:0], st.nsk[:0]
 		st.gen++
 		if st.gen == 0 {
 			clear(st.mark)
 			st.gen = 1
 		}
 		for _, sj := range cur {
-			if sj >= 0 && int(sj) < len(s) && s[sj] == c && st.mark[sj+int32(dir)+1] != st.gen {
-				nx = append(nx, sj+int32(dir))
-				st.mark[sj+int32(dir)+1] = st.gen
-				st.reach = i
+			if sj >= 0 && int(sj) < len(s) && s[sj] == c {
+				if o := sj + int32(dir) + 1; st.mark[o] != st.gen {
+					st.mark[o], st.pos[o] = st.gen, int32(len(nx))
+					nx = append(nx, sj+int32(dir))
+					nsk = append(nsk, 0)
+					st.reach = i
+				}
 			}
 		}
-		if st.opt[i] {
-			for _, sj := range cur {
-				if st.mark[sj+1] != st.gen && len(nx) < kvStates {
-					nx = append(nx, sj)
-					st.mark[sj+1] = st.gen
+		if w := st.opt[i]; w != 0 {
+			for k, sj := range cur {
+				n := sk[k] + w
+				if n > kvSkipMax {
+					continue // too many skipped in a row: this path ends
+				}
+				if o := sj + 1; st.mark[o] != st.gen {
+					if len(nx) < kvStates {
+						st.mark[o], st.pos[o] = st.gen, int32(len(nx))
+						nx = append(nx, sj)
+						nsk = append(nsk, n)
+					}
+				} else if x := st.pos[o]; nsk[x] > n {
+					nsk[x] = n
 				}
 			}
 		}
@@ -924,8 +1358,30 @@ func (st *kvScratch) extend(s []byte, i, j, dir int) (bestJ, bestI int, edge boo
 			}
 		}
 		st.st, st.nx = nx, cur
-		cur = nx
+		st.sk, st.nsk = nsk, sk
+		cur, sk = nx, nsk
 	}
+	return bestJ, bestI, edge
+}
+
+// extendPlain is extend on a window without optional characters: one
+// state, the form walked while it agrees.
+func (st *kvScratch) extendPlain(s []byte, i, j, dir int) (bestJ, bestI int, edge bool) {
+	bestJ, bestI = j, i-dir
+	if dir < 0 {
+		bestJ, bestI = j, i+1
+	}
+	for ; j >= 0 && j < len(s); i, j = i+dir, j+dir {
+		if i < 0 || i >= len(st.nb) {
+			edge = true
+			break
+		}
+		if st.nb[i] != s[j] {
+			break
+		}
+		bestJ, bestI = j+dir, i
+	}
+	st.reach = bestI
 	return bestJ, bestI, edge
 }
 
@@ -934,8 +1390,20 @@ func (st *kvScratch) extend(s []byte, i, j, dir int) (bestJ, bestI int, edge boo
 // separators, no break) that is a substring of a form. A match (m_f or
 // longer) is held whole; a shorter candidate may be released by Flush (it
 // shows fewer than k characters) and stays as context. An undecided escape
-// sequence at the end is held too (Flush may release it).
+// sequence at the end is held too (Flush may release it), and so are the
+// first bytes of a special character (units.go). Characters at the end may
+// still be erased by a backspace run: a candidate before them is held too.
 func (s *Set) kvTail(sc *scratch, data []byte) {
+	// The first bytes of a special character likewise (a separator or a
+	// fullwidth character when complete, characters if not).
+	for j := max(0, len(data)-2); j < len(data); j++ {
+		if specialPending(data, j) {
+			sc.holdAt(j, len(data))
+			s.kvTailBoth(sc, data)
+			data = data[:j]
+			break
+		}
+	}
 	// An escape sequence still undecided at the end is held (Flush may
 	// release it) and is a separator for what comes before it. Its bytes
 	// are characters if it turns out to be none (an ESC alone, as Redact
@@ -944,28 +1412,62 @@ func (s *Set) kvTail(sc *scratch, data []byte) {
 		if data[j] == 0x1b {
 			if _, pend := seqEnd(data, j); pend {
 				sc.holdAt(j, len(data))
-				s.kvTailChars(sc, data)
+				s.kvTailBoth(sc, data)
 				data = data[:j]
 			}
 			break
 		}
 	}
-	s.kvTailChars(sc, data)
+	s.kvTailBoth(sc, data)
 }
 
-// kvTailChars is kvTail for the characters at the end of data.
-func (s *Set) kvTailChars(sc *scratch, data []byte) {
-	kv := s.kv
+// kvTailBoth is kvTailChars for data as it is and, if data ends with a
+// character or a backspace, with its last 1, ... kvBSMax characters erased
+// (a backspace run may still come).
+func (s *Set) kvTailBoth(sc *scratch, data []byte) {
 	st := &sc.kvs
 	n := len(data)
 	st.ws, st.we = 0, -1 // the window may hold more than data now
+	defer func() { st.bsTail, st.ws, st.we = 0, 0, -1 }()
+	st.bsTail = 0
 	st.window(data, n-4*csiMax, n)
+	s.kvTailChars(sc, data, 0)
+	if n == 0 || sepClass[data[n-1]] == 1 || sepClass[data[n-1]] == 2 {
+		return
+	}
+	for j := 1; j <= kvBSMax; j++ {
+		// The window ends at n: mark one more character erased on it
+		// (or, if it was moved, normalise afresh with bsTail = j).
+		st.bsTail = j
+		if st.we == n {
+			bt := st.tailBS
+			if bt.pending(st.opt, j) < j {
+				return
+			}
+			st.hasOpt = true
+		} else {
+			st.ws, st.we = 0, -1
+			if st.window(data, n-4*csiMax, n); st.bsGot < j {
+				return
+			}
+		}
+		s.kvTailChars(sc, data, j)
+	}
+}
+
+// kvTailChars is kvTail for the characters at the end of data, on the
+// window normalised up to its end; with bsTail > 0, the last bsTail
+// characters read as erased (optional).
+func (s *Set) kvTailChars(sc *scratch, data []byte, bsTail int) {
+	kv := s.kv
+	st := &sc.kvs
+	n := len(data)
 	// the last plain character; optional ones after it may begin a match
 	last := len(st.nb) - 1
-	for last >= 0 && st.opt[last] {
+	for last >= 0 && st.opt[last] != 0 {
 		last--
 	}
-	if t := last + 1; t < len(st.nb) {
+	if t := last + 1; t < len(st.nb) && bsTail == 0 {
 		sc.holdAt(int(st.np[t]), n)
 	}
 	from := n
@@ -973,7 +1475,7 @@ func (s *Set) kvTailChars(sc *scratch, data []byte) {
 		if st.nb[last] == 0 {
 			last = -1
 		} else {
-			from = int(st.np[last]) + 1
+			from = charEnd(data, int(st.np[last]))
 		}
 	}
 	if open, _ := trailing(data, from, false); last < 0 || !open {
@@ -990,7 +1492,7 @@ func (s *Set) kvTailChars(sc *scratch, data []byte) {
 		if st.nb[x] == 0 {
 			break
 		}
-		if !st.opt[x] {
+		if st.opt[x] == 0 {
 			got++
 			t[kvQ-got] = st.nb[x]
 		}
@@ -1025,13 +1527,13 @@ func (s *Set) kvTailChars(sc *scratch, data []byte) {
 		if st.nb[x] == 0 {
 			break
 		}
-		if !st.opt[x] {
+		if st.opt[x] == 0 {
 			got++
 			t[3-got] = st.nb[x]
 			if kv.hasShort(t[3-got : 3]) {
 				// optional characters just before may belong to it too
 				y := x
-				for y > 0 && st.opt[y-1] {
+				for y > 0 && st.opt[y-1] != 0 {
 					y--
 				}
 				sc.holdAt(int(st.np[y]), n)

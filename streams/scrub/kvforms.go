@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode/utf16"
@@ -64,6 +65,20 @@ func valueForms(v []byte) []formSpec {
 			f.pieces = append(f.pieces, enc(u))
 			for range len(u.b) - 1 {
 				f.pieces = append(f.pieces, "")
+			}
+		}
+		return f
+	}
+	// joined: bytes with sep between them, given to the byte after it, so
+	// that k bytes printed on their own (no sep before the first) are a
+	// window too and m counts no separator at the end.
+	joined := func(name, sep string, enc func(c byte) string) formSpec {
+		f := formSpec{name: name}
+		for i, c := range v {
+			if i == 0 {
+				f.pieces = append(f.pieces, enc(c))
+			} else {
+				f.pieces = append(f.pieces, sep+enc(c))
 			}
 		}
 		return f
@@ -131,13 +146,25 @@ func valueForms(v []byte) []formSpec {
 			return "'" + escapeLiteral(string(u.b), "'") + "',"
 		}),
 		perByte("json-u", func(c byte) string { return fmt.Sprintf(`\u%04x`, c) }),
+		// JavaScript's and Swift's code point escape, Rust's
+		// escape_unicode (lowered: \u{1F600} as \u{1f600})
+		perUnit("u-brace", func(u unit) string {
+			if u.r == utf8.RuneError && len(u.b) == 1 {
+				return string(u.b)
+			}
+			return fmt.Sprintf(`\u{%x}`, u.r)
+		}),
 		// other separators between hex bytes (.NET's BitConverter, hex('.'))
 		// and 0xNN without commas. (Decimal bytes without commas, as od -td1
 		// prints them, are all digits: their grams are in every number, and
 		// looking them up cost half the scrubber's speed on ordinary text.)
-		perByte("hex-dash", func(c byte) string { return fmt.Sprintf("%02x-", c) }),
-		perByte("hex-dot", func(c byte) string { return fmt.Sprintf("%02x.", c) }),
+		joined("hex-dash", "-", func(c byte) string { return fmt.Sprintf("%02x", c) }),
+		joined("hex-dot", ".", func(c byte) string { return fmt.Sprintf("%02x", c) }),
 		perByte("0x", func(c byte) string { return fmt.Sprintf("0x%02x", c) }),
+		// dotted decimal bytes (Perl's printf '%vd'): digits and dots
+		// are in version numbers and addresses, but looking their grams
+		// up cost nothing measurable on the corpus
+		joined("dotted", ".", func(c byte) string { return strconv.Itoa(int(c)) }),
 	}
 	// UTF-16 shown as text: Python's bytes repr, od -c and cat -v, little
 	// and big endian. (Not as JSON's \u0000: those grams, "0000" among
@@ -182,7 +209,54 @@ func valueForms(v []byte) []formSpec {
 			rev.pieces = append(rev.pieces, "")
 		}
 	}
-	return append(out, rev)
+	out = append(out, rev)
+	for i := range out {
+		out[i] = foldSpecial(out[i])
+	}
+	return out
+}
+
+// foldSpecial reads a form's special characters as the normalised stream
+// does (units.go): a fullwidth character becomes its ASCII, an invisible
+// one is left out. A character spread over pieces goes to the first.
+func foldSpecial(f formSpec) formSpec {
+	if !slices.ContainsFunc(f.pieces, func(p string) bool {
+		return strings.ContainsFunc(p, func(r rune) bool { return r >= 0x80 })
+	}) {
+		return f
+	}
+	var all []byte
+	var owner []int // the piece of each byte of all
+	for i, p := range f.pieces {
+		all = append(all, p...)
+		for range len(p) {
+			owner = append(owner, i)
+		}
+	}
+	out := make([][]byte, len(f.pieces))
+	changed := false
+	for j := 0; j < len(all); {
+		if specialLead[all[j]] {
+			if n, c := specialAt(all, j); n > 0 {
+				if c != 0 {
+					out[owner[j]] = append(out[owner[j]], c)
+				}
+				j += n
+				changed = true
+				continue
+			}
+		}
+		out[owner[j]] = append(out[owner[j]], all[j])
+		j++
+	}
+	if !changed {
+		return f
+	}
+	g := formSpec{name: f.name, pieces: make([]string, len(out))}
+	for i, b := range out {
+		g.pieces[i] = string(b)
+	}
+	return g
 }
 
 // utf16Renderers show a byte of UTF-16 as text.
