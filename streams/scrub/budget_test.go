@@ -5,6 +5,7 @@ import (
 	"io"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -343,5 +344,65 @@ func TestBudgetConcurrent(t *testing.T) {
 	wg.Wait()
 	if st := bs.Stats(); st.CPU <= 0 {
 		t.Fatalf("stats %+v", st)
+	}
+}
+
+// A Pair's two streams keep the order their writes came in while the
+// session owes: a stderr write that comes while a stdout write waits must
+// not be scrubbed first, or a value split between the two streams is not
+// seen whole. The waits' ends are released in the worst order (the later
+// write's first), as two timers due at the same instant may fire.
+func TestBudgetPairKeepsOrder(t *testing.T) {
+	// 20 bytes: runs of 10 are redacted on their own, so the pieces are
+	// shorter and only the order of the writes joins them.
+	const secret = "abcdefghijklmnop1234"
+	pieces := []string{secret[:7], secret[7:14], secret[14:] + "\n"} // stdout, stderr, stdout
+	valued, _ := budgetSet(t).WithValues(map[string]string{"MY_TOKEN": secret})
+	bs := NewBudgets(BudgetConfig{Cores: 0.1, Burst: time.Millisecond}, nil)
+	sleepers := make(chan chan struct{})
+	bs.sleep = func(_ time.Duration, stop <-chan struct{}) {
+		ch := make(chan struct{})
+		select {
+		case sleepers <- ch:
+			<-ch
+		case <-stop:
+		}
+	}
+	b := bs.New("s")
+	defer b.Close()
+	b.charge(time.Hour) // owes: every write waits
+	var out, errOut bytes.Buffer
+	p := valued.WithBudget(b).NewPair(&out, &errOut)
+	first, second := make(chan struct{}), make(chan struct{})
+	go func() { defer close(first); p.Stdout().Write([]byte(pieces[0])) }()
+	firstWait := <-sleepers // the stdout write waits
+	go func() { defer close(second); p.Stderr().Write([]byte(pieces[1])) }()
+	select {
+	case ch := <-sleepers: // the stderr write waits too: release it first
+		close(ch)
+		time.Sleep(50 * time.Millisecond)
+	case <-time.After(200 * time.Millisecond): // it waits behind the stdout write
+	}
+	close(firstWait)
+	done := make(chan struct{})
+	go func() { // later waits end at once
+		for {
+			select {
+			case ch := <-sleepers:
+				close(ch)
+			case <-done:
+				return
+			}
+		}
+	}()
+	<-first
+	<-second
+	p.Stdout().Write([]byte(pieces[2]))
+	close(done)
+	p.Close()
+	for _, piece := range pieces {
+		if got := out.String() + errOut.String(); strings.Contains(got, strings.TrimSpace(piece)) {
+			t.Fatalf("the value written in turns to stdout and stderr leaked: stdout %q stderr %q", out.String(), errOut.String())
+		}
 	}
 }

@@ -62,9 +62,12 @@ type pairStream struct {
 func (s pairStream) Write(b []byte) (int, error) { return s.p.write(s.tag, b) }
 
 func (p *Pair) write(tag int, b []byte) (int, error) {
-	p.budget.Wait()
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	// Waited for under the lock: a write of the other stream that comes
+	// meanwhile must not be scrubbed first (the merged view needs the
+	// order the writes came in).
+	p.budget.Wait()
 	defer p.budget.end(p.budget.begin(true))
 	if p.closed {
 		return 0, ErrClosed
