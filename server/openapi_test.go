@@ -2,7 +2,10 @@ package server
 
 import (
 	"encoding/json"
+	"io/fs"
 	"net/http"
+	"os"
+	"path/filepath"
 	"reflect"
 	"regexp"
 	"sort"
@@ -246,5 +249,45 @@ func TestOpenAPIServed(t *testing.T) {
 	}
 	if rec.Body.String() != string(openapiJSON) {
 		t.Error("served document differs from openapi.json")
+	}
+}
+
+// The session log's event kinds the document lists are the ones the
+// server emits (read from the source: each .Event(id, "kind", ...) call).
+func TestOpenAPIEventKinds(t *testing.T) {
+	emitted := map[string]bool{}
+	call := regexp.MustCompile(`\.Event\([^,()]+, *"([a-z_]+)"`)
+	for _, root := range []string{".", "../runsc", "../egress"} {
+		err := filepath.WalkDir(root, func(f string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() || !strings.HasSuffix(f, ".go") || strings.HasSuffix(f, "_test.go") {
+				return err
+			}
+			b, err := os.ReadFile(f)
+			for _, m := range call.FindAllStringSubmatch(string(b), -1) {
+				emitted[m[1]] = true
+			}
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(emitted) < 10 {
+		t.Fatalf("found only %d event kinds in the source: %v", len(emitted), emitted)
+	}
+	raw, _ := os.ReadFile("openapi.json")
+	m := regexp.MustCompile(`with kind ([a-z_, ]+)\.`).FindSubmatch(raw)
+	if m == nil {
+		t.Fatal("openapi.json: the logs operation does not list the event kinds (\"with kind a, b, ...\")")
+	}
+	listed := map[string]bool{}
+	for _, k := range strings.Split(string(m[1]), ", ") {
+		listed[k] = true
+	}
+	if d := setDiff(emitted, listed); len(d) > 0 {
+		t.Errorf("events emitted but not listed in openapi.json: %v", d)
+	}
+	if d := setDiff(listed, emitted); len(d) > 0 {
+		t.Errorf("events listed in openapi.json that nothing emits: %v", d)
 	}
 }
