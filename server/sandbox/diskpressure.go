@@ -91,22 +91,11 @@ func (m *Manager) startDiskWatch() {
 	if m.lim.PressureFreeDiskMiB <= 0 {
 		return
 	}
-	m.wg.Add(1)
-	go func() {
-		defer m.wg.Done()
-		t := time.NewTicker(diskWatchEvery)
-		defer t.Stop()
-		for {
-			select {
-			case <-m.done:
-				return
-			case <-t.C:
-				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-				m.watchDisk(ctx)
-				cancel()
-			}
-		}
-	}()
+	m.every(diskWatchEvery, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		m.watchDisk(ctx)
+	})
 }
 
 // watchDisk is one look of the disk watcher: while the data dir's free

@@ -952,17 +952,22 @@ const monitorEvery = 5 * time.Second
 // (diskpressure.go).
 func (m *Manager) StartMonitor() {
 	m.startDiskWatch()
+	m.every(monitorEvery, m.sweep)
+}
+
+// every runs f every d on a goroutine of the manager's until Close.
+func (m *Manager) every(d time.Duration, f func()) {
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
-		t := time.NewTicker(monitorEvery)
+		t := time.NewTicker(d)
 		defer t.Stop()
 		for {
 			select {
 			case <-m.done:
 				return
 			case <-t.C:
-				m.sweep()
+				f()
 			}
 		}
 	}()
