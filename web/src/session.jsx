@@ -294,7 +294,13 @@ function Artifacts({ sid }) {
   );
 }
 
-const HOT = { egress_denied: 'denied', quota_exceeded: 'quota', oom: 'denied', credits_exhausted: 'quota' };
+// Events a reader should not miss: refusals and failures in red, limits
+// reached (the sandbox or its output held back or stopped) in amber.
+const HOT = {
+  egress_denied: 'denied', oom: 'denied', pause_failed: 'denied', resume_failed: 'denied', restore_failed: 'denied',
+  save_failed: 'denied', git_clone_failed: 'denied',
+  quota_exceeded: 'quota', credits_exhausted: 'quota', disk_pressure: 'quota', scrub_throttled: 'quota',
+};
 
 function describe(ev) {
   const rest = { ...ev };
