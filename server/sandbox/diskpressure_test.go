@@ -286,3 +286,27 @@ func TestDiskPressureStopFinishedUnsaved(t *testing.T) {
 		t.Fatalf("saved %v, want only %s", rec.saved, td.ContainerID)
 	}
 }
+
+// A pause whose memory image would take the free space below the disk
+// watcher's floor is refused before anything is frozen; the session runs
+// on, and pauses once there is room.
+func TestPauseNeedsRoomForItsImage(t *testing.T) {
+	e := newDiskEnv(t)
+	ctx := context.Background()
+	e.provision("p", 0)
+	e.free.Store(4096*mib + 5*mib) // the fake's sandbox uses 11 MiB
+	_, err := e.m.Pause(ctx, e.p.Org.ID, "p")
+	if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "needs about 11 MiB") || !strings.Contains(err.Error(), "keeps running") {
+		t.Fatalf("pause on a nearly full disk: %v", err)
+	}
+	if got := e.get("p"); got.Status != store.StatusRunning {
+		t.Fatalf("after a refused pause: %s", got.Status)
+	}
+	if c := e.rt.CallsWith("checkpoint "); len(c) > 0 {
+		t.Fatalf("checkpointed anyway: %v", c)
+	}
+	e.free.Store(4096*mib + 12*mib)
+	if p, err := e.m.Pause(ctx, e.p.Org.ID, "p"); err != nil || p.Status != store.StatusPaused {
+		t.Fatalf("pause with room: %+v %v", p, err)
+	}
+}

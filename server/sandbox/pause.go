@@ -113,6 +113,28 @@ func (m *Manager) keepImageLocked(ctx context.Context, ses *store.Session, dir s
 	return f.Sync()
 }
 
+// imageFits refuses a pause whose memory image (about the memory the
+// sandbox uses) would take the data dir's free space below the disk
+// watcher's floor (limits.pressureFreeDiskMiB, else minFreeDiskMiB): the
+// image would otherwise make the watcher stop running sandboxes, or fill
+// the disk the database is on.
+func (m *Manager) imageFits(ses *store.Session) error {
+	free := m.dataFree()
+	if free < 0 {
+		return nil
+	}
+	need := int64(ses.MemoryMiB) << 20
+	if u, err := m.rt.Usage(ses.ContainerID); err == nil && u.MemoryBytes > 0 {
+		need = u.MemoryBytes
+	}
+	floor := int64(max(m.lim.PressureFreeDiskMiB, m.lim.MinFreeDiskMiB)) << 20
+	if free-need < floor {
+		return errdefs.Unavailable("the server is low on disk space: this session's memory image needs about %d MiB, and %d MiB are free of which %d MiB are kept free; the session keeps running",
+			(need+1<<20-1)>>20, free>>20, floor>>20)
+	}
+	return nil
+}
+
 // IdleAction is what the idle timeout does to a session: its own choice,
 // else the server's default.
 func (m *Manager) IdleAction(ses *store.Session) string {
@@ -152,6 +174,10 @@ func (m *Manager) Pause(ctx context.Context, orgID, sessionID string) (store.Ses
 func (m *Manager) pauseLocked(ctx context.Context, ses *store.Session, by string) error {
 	dctx, cancel := detached(ctx)
 	defer cancel()
+	if err := m.imageFits(ses); err != nil {
+		m.events.Event(ses.ID, "pause_failed", map[string]any{"reason": "disk"})
+		return err
+	}
 	// Code runs in flight are interrupted and answered, viewers and
 	// services let go, before the agent is suspended.
 	m.hooks.Paused(ses.ID)
