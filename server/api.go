@@ -27,6 +27,7 @@ const (
 	ctxPrincipal  = "sandboxd.principal"
 	ctxOutcomeErr = "sandboxd.errorCode"
 	ctxDetails    = "sandboxd.auditDetails"
+	ctxSessionPK  = "sandboxd.sessionPK" // the session the request is about (sessionFor)
 )
 
 func requestID(c *gin.Context) string { return c.GetString(ctxRequestID) }

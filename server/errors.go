@@ -1,8 +1,10 @@
 package server
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 
 	"github.com/gin-gonic/gin"
@@ -102,16 +104,32 @@ type errorBody struct {
 // 500; a public error's cause is logged too.
 func (s *Server) writeError(c *gin.Context, err error) {
 	status, code, msg := statusOf(err)
-	if pe, ok := errdefs.Public(err); !ok {
-		s.log.Error("request failed", "requestId", requestID(c), "path", c.FullPath(), "err", err)
-	} else if pe.Cause() != nil {
-		s.log.Warn("request failed", "requestId", requestID(c), "path", c.FullPath(), "code", code, "err", pe.Cause())
-	}
+	s.logFailure("request failed", err, c.GetString(ctxSessionPK), "requestId", requestID(c), "path", c.FullPath(), "code", code)
 	var details map[string]any
 	if pe, ok := errdefs.Public(err); ok {
 		details = pe.Details()
 	}
 	answerErrorDetails(c, status, code, msg, details)
+}
+
+// logFailure logs why a request failed: an error without a public class
+// as an error, a public one's cause (if any) as a warning. A cause may
+// quote what a sandbox sent (a malformed answer through the portal), and
+// the logger's own scrubbing knows the rules only: with the session known
+// (pk), its secrets are redacted from the text too.
+func (s *Server) logFailure(msg string, err error, pk string, attrs ...any) {
+	level, cause := slog.LevelError, err
+	if pe, ok := errdefs.Public(err); ok {
+		if pe.Cause() == nil {
+			return
+		}
+		level, cause = slog.LevelWarn, pe.Cause()
+	}
+	var text any = cause
+	if pk != "" {
+		text = s.sessions.Scrubber(pk).RedactString(cause.Error())
+	}
+	s.log.Log(context.Background(), level, msg, append(attrs, "err", text)...)
 }
 
 // answerError writes the contract's error body.

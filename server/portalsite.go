@@ -74,7 +74,7 @@ func (s *Server) servePortal(w http.ResponseWriter, r *http.Request, key string)
 	// the API's routes.
 	release, err := s.admit(w.Header(), scopeAddress, s.clientKey(r))
 	if err != nil {
-		s.portalError(w, r, rid, err)
+		s.portalError(w, r, rid, "", err)
 		return
 	}
 	defer release()
@@ -83,7 +83,8 @@ func (s *Server) servePortal(w http.ResponseWriter, r *http.Request, key string)
 		s.portalLogin(w, r, key, rid)
 		return
 	}
-	fail := func(err error) { s.portalError(w, r, rid, err) }
+	pk := "" // the session's, once known: its secrets are redacted from the log
+	fail := func(err error) { s.portalError(w, r, rid, pk, err) }
 	var g portal.Grant
 	var p store.Principal
 	found, demoted := false, false
@@ -132,6 +133,7 @@ func (s *Server) servePortal(w http.ResponseWriter, r *http.Request, key string)
 		fail(err)
 		return
 	}
+	pk = ses.ID
 	if r.URL.Path == "/" {
 		s.portalIndex(w, &ses)
 		return
@@ -176,7 +178,7 @@ func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 func (s *Server) portalLogin(w http.ResponseWriter, r *http.Request, key, rid string) {
 	w.Header().Set("Referrer-Policy", "no-referrer")
 	w.Header().Set("Cache-Control", "no-store")
-	fail := func(err error) { s.portalError(w, r, rid, err) }
+	fail := func(err error) { s.portalError(w, r, rid, "", err) }
 	if r.Method != http.MethodGet {
 		fail(errdefs.New(errdefs.ErrMethod, "method not allowed on this route"))
 		return
@@ -255,14 +257,10 @@ func (s *Server) portalIndex(w http.ResponseWriter, ses *store.Session) {
 
 // portalError answers a person with a page and a program with the
 // contract's JSON error.
-func (s *Server) portalError(w http.ResponseWriter, r *http.Request, rid string, err error) {
+func (s *Server) portalError(w http.ResponseWriter, r *http.Request, rid, pk string, err error) {
 	err = portalErr(err)
 	status, code, msg := statusOf(err)
-	if pe, ok := errdefs.Public(err); !ok {
-		s.log.Error("portal request failed", "requestId", rid, "err", err)
-	} else if pe.Cause() != nil {
-		s.log.Warn("portal request failed", "requestId", rid, "code", code, "err", pe.Cause())
-	}
+	s.logFailure("portal request failed", err, pk, "requestId", rid, "code", code)
 	if portal.Navigation(r) {
 		portal.WritePage(w, status, portal.Page{Title: http.StatusText(status), Message: msg, Detail: "Request id " + rid})
 		return

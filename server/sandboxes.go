@@ -146,6 +146,7 @@ func (s *Server) sessionFor(c *gin.Context) (*store.Session, bool) {
 		s.writeError(c, err)
 		return nil, false
 	}
+	c.Set(ctxSessionPK, ses.ID)
 	return &ses, true
 }
 

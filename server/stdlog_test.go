@@ -2,11 +2,14 @@ package server
 
 import (
 	"bufio"
+	"context"
+	"fmt"
 	"io"
 	"log"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"regexp"
 	"strconv"
 	"strings"
@@ -14,7 +17,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gin-gonic/gin"
+
 	"sandboxd/server/config"
+	"sandboxd/server/errdefs"
 )
 
 // The standard library's log lines (net/http's) pass the scrubber, with
@@ -127,5 +133,39 @@ func TestStdLogScrubbedAndRateLimited(t *testing.T) {
 	restore()
 	if _, ok := log.Writer().(*stdLog); ok {
 		t.Error("log output still captured after restore")
+	}
+}
+
+// A failed request's cause may quote what a sandbox sent (the portal's
+// "malformed MIME header" of an answer a program in the sandbox wrote):
+// the request's session's secrets are redacted from the log line, on the
+// API's routes and on the portal origin.
+func TestFailureLogRedactsSessionSecrets(t *testing.T) {
+	clearConfigEnv(t)
+	cfg, err := config.Load(config.Overrides{DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf lockedBuffer
+	e := newAPIEnvWith(t, cfg, slog.New(slog.NewTextHandler(&buf, nil)))
+	const secret = "iK2ZWeqhFWCEPyYngFb51yBMWX"
+	e.provision(e.token, map[string]any{"sessionId": "leaky", "secrets": map[string]string{"BIG1": secret}})
+	ses, err := e.s.sessions.Get(context.Background(), e.owner.Org.ID, "leaky")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cause := fmt.Errorf("net/http: HTTP/1.x transport connection broken: malformed MIME header: missing colon: %q", secret+"\r\n")
+	failure := errdefs.New(errdefs.ErrBadGateway, "no HTTP answer from that port").WithCause(cause)
+
+	c, _ := gin.CreateTestContext(httptest.NewRecorder())
+	c.Request = httptest.NewRequest("GET", "/v1/sandbox/proxy/leaky/port/9000/", nil)
+	c.Set(ctxSessionPK, ses.ID)
+	e.s.writeError(c, failure)
+	e.s.portalError(httptest.NewRecorder(), httptest.NewRequest("GET", "/port/9000/", nil), "rid", ses.ID, failure)
+	e.s.writeError(c, fmt.Errorf("an internal error quoting %s", secret))
+
+	out := buf.String()
+	if strings.Contains(out, secret[:12]) || strings.Count(out, "[REDACTED:BIG1]") != 3 {
+		t.Fatalf("the failures' log lines:\n%s", out)
 	}
 }
