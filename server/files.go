@@ -132,10 +132,7 @@ func (s *Server) getFiles(c *gin.Context) {
 // getArtifact: GET /v1/sandbox/:sessionId/artifacts/*path, one regular
 // file's scrubbed bytes as an attachment.
 func (s *Server) getArtifact(c *gin.Context) {
-	rel, err := workspace.Rel("/workspace" + c.Param("path"))
-	if err == nil && rel == "" {
-		err = errdefs.Invalid("path: must name a file in /workspace").WithCode("invalid_path")
-	}
+	rel, err := fileRel("/workspace" + c.Param("path"))
 	if err != nil {
 		s.writeError(c, err)
 		return
@@ -252,14 +249,27 @@ func isAttrChar(b byte) bool {
 	return strings.IndexByte("!#$&+-.^_`|~", b) >= 0
 }
 
+// fileRel is workspace.Rel for a path that must name a file: not
+// /workspace itself, and without a trailing "/" (which names a directory,
+// as for open(2)).
+func fileRel(p string) (string, error) {
+	rel, err := workspace.Rel(p)
+	switch {
+	case err != nil:
+		return "", err
+	case rel == "":
+		return "", errdefs.Invalid("path: must name a file in /workspace").WithCode("invalid_path")
+	case strings.HasSuffix(p, "/"):
+		return "", errdefs.Invalid("path: names a directory (it ends with /); a file's path has no trailing /").WithCode("invalid_path")
+	}
+	return rel, nil
+}
+
 // putFile: PUT /v1/sandbox/:sessionId/files?path= writes the body to a file
 // of a running session (workspace.Dir.Put).
 func (s *Server) putFile(c *gin.Context) {
 	p := c.Query("path")
-	rel, err := workspace.Rel(p)
-	if err == nil && rel == "" {
-		err = errdefs.Invalid("path: must name a file in /workspace").WithCode("invalid_path")
-	}
+	rel, err := fileRel(p)
 	if err != nil {
 		s.writeError(c, err)
 		return
@@ -312,7 +322,7 @@ func (s *Server) deleteFile(c *gin.Context) {
 	}
 	s.withWorkspace(c, true, func(ses *store.Session, d *workspace.Dir, set *scrub.Set) {
 		auditDetail(c, "path", set.RedactString(p))
-		if err := d.Remove(rel, recursive, time.Now().Add(s.fileIODeadline())); err != nil {
+		if err := d.Remove(rel, recursive, strings.HasSuffix(p, "/"), time.Now().Add(s.fileIODeadline())); err != nil {
 			s.writeError(c, err)
 			return
 		}

@@ -263,6 +263,23 @@ func TestRealFiles(t *testing.T) {
 		if resp, b := fc.get("f1", "/workspace/out/report.txt/"); resp.StatusCode != 400 || errCode(b) != "invalid_path" {
 			t.Fatalf("file with a trailing slash: %d %s", resp.StatusCode, b)
 		}
+		// Nor may one be written, deleted or downloaded as an artifact by
+		// such a name, nor a new file made by it; the file is left as it was.
+		for name, resp := range map[string]func() (*http.Response, []byte){
+			"put":     func() (*http.Response, []byte) { return fc.put("f1", "/workspace/out/report.txt/", []byte("over")) },
+			"put new": func() (*http.Response, []byte) { return fc.put("f1", "/workspace/out/newf/", []byte("new")) },
+			"delete":  func() (*http.Response, []byte) { return fc.del("f1", "/workspace/out/report.txt/") },
+			"artifact": func() (*http.Response, []byte) {
+				return fc.do(fc.h.token, "GET", "/v1/sandbox/f1/artifacts/out/report.txt/", nil)
+			},
+		} {
+			if r, b := resp(); r.StatusCode != 400 || errCode(b) != "invalid_path" {
+				t.Fatalf("%s with a trailing slash: %d %s", name, r.StatusCode, b)
+			}
+		}
+		if r := h.sh("f1", "wc -c < /workspace/out/report.txt; test -e /workspace/out/newf || echo no newf"); r.Stdout != "18\nno newf\n" {
+			t.Fatalf("after the trailing-slash requests: %q", r.Stdout)
+		}
 	})
 
 	t.Run("binary bytes round-trip", func(t *testing.T) {

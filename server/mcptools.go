@@ -478,10 +478,7 @@ func (s *Server) mcpWriteFile(ctx context.Context, call *mcpCall, in mcpWriteIn)
 	if err := mcpSessionID(call, in.SessionID); err != nil {
 		return nil, mcpWriteOut{}, err
 	}
-	rel, err := workspace.Rel(in.Path)
-	if err == nil && rel == "" {
-		err = errdefs.Invalid("path: must name a file in /workspace").WithCode("invalid_path")
-	}
+	rel, err := fileRel(in.Path)
 	if err != nil {
 		return nil, mcpWriteOut{}, err
 	}

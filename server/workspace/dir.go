@@ -212,7 +212,9 @@ func (d *Dir) Put(rel string, body io.Reader) (e Entry, created bool, n int64, e
 
 // Remove deletes rel: a file, a symlink (never its target), an empty
 // directory, or with recursive a whole tree (given up at the deadline).
-func (d *Dir) Remove(rel string, recursive bool, deadline time.Time) error {
+// With dirOnly (the path ended with "/", as for rmdir(2)) it must be a
+// directory.
+func (d *Dir) Remove(rel string, recursive, dirOnly bool, deadline time.Time) error {
 	if rel == "" {
 		return invalidPath("path: /workspace itself cannot be deleted")
 	}
@@ -225,6 +227,9 @@ func (d *Dir) Remove(rel string, recursive bool, deadline time.Time) error {
 	var st unix.Stat_t
 	if err := unix.Fstatat(pfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		return fsError(err)
+	}
+	if dirOnly && st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return invalidPath("path: not a directory (it ends with /)")
 	}
 	if st.Mode&unix.S_IFMT == unix.S_IFDIR {
 		if recursive {

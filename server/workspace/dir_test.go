@@ -208,13 +208,13 @@ func TestRemove(t *testing.T) {
 	os.Symlink(outside, filepath.Join(e.root, "tree", "a", "out"))
 	os.Symlink(outside, filepath.Join(e.root, "hostlink"))
 
-	if err := e.dir.Remove("tree", false, time.Now().Add(time.Minute)); code(err) != "conflict" {
+	if err := e.dir.Remove("tree", false, false, time.Now().Add(time.Minute)); code(err) != "conflict" {
 		t.Errorf("non-recursive remove of a tree = %v", err)
 	}
-	if err := e.dir.Remove("hostlink", false, time.Now().Add(time.Minute)); err != nil {
+	if err := e.dir.Remove("hostlink", false, false, time.Now().Add(time.Minute)); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.dir.Remove("tree", true, time.Now().Add(time.Minute)); err != nil {
+	if err := e.dir.Remove("tree", true, false, time.Now().Add(time.Minute)); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(filepath.Join(outside, "keep")); err != nil {
@@ -223,11 +223,23 @@ func TestRemove(t *testing.T) {
 	if _, err := os.Lstat(filepath.Join(e.root, "tree")); err == nil {
 		t.Fatal("tree still there")
 	}
-	if err := e.dir.Remove("", false, time.Now()); code(err) != "invalid_path" {
+	if err := e.dir.Remove("", false, false, time.Now()); code(err) != "invalid_path" {
 		t.Errorf("remove /workspace = %v", err)
 	}
-	if err := e.dir.Remove("nope", false, time.Now()); code(err) != "not_found" {
+	if err := e.dir.Remove("nope", false, false, time.Now()); code(err) != "not_found" {
 		t.Errorf("remove missing = %v", err)
+	}
+	// "f.txt/" names a directory, as for rmdir(2): the file stays.
+	e.write("f.txt", "f")
+	os.Mkdir(filepath.Join(e.root, "d"), 0o755)
+	if err := e.dir.Remove("f.txt", false, true, time.Now()); code(err) != "invalid_path" {
+		t.Errorf("remove f.txt/ = %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(e.root, "f.txt")); err != nil {
+		t.Fatal("f.txt/ removed the file")
+	}
+	if err := e.dir.Remove("d", false, true, time.Now()); err != nil {
+		t.Errorf("remove d/ = %v", err)
 	}
 }
 

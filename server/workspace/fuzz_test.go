@@ -114,7 +114,7 @@ func FuzzWorkspacePath(f *testing.F) {
 				}
 			}
 		case 2:
-			d.Remove(rel, true, time.Now().Add(time.Second))
+			d.Remove(rel, true, false, time.Now().Add(time.Second))
 		}
 		top, _ := os.ReadDir(base)
 		names := []string{}
