@@ -13,6 +13,7 @@ import (
 	"runtime/debug"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/gin-gonic/gin"
 	"github.com/gorilla/websocket"
@@ -324,6 +325,11 @@ func decodeJSON(c *gin.Context, v any) error {
 	if len(trimmed) == 0 {
 		return badRequest("request body must be a JSON object")
 	}
+	// encoding/json would turn invalid bytes into U+FFFD: a secret or an
+	// environment value would not be what the client sent.
+	if !utf8.Valid(body) {
+		return badRequest("request body is not valid UTF-8 (JSON text must be)")
+	}
 	if err := exactKeys(body, v); err != nil {
 		return err
 	}
@@ -339,6 +345,31 @@ func decodeJSON(c *gin.Context, v any) error {
 		return badRequest("request body must be a JSON object")
 	}
 	return nil
+}
+
+// noFields accepts an empty body or an empty JSON object, for a route
+// that takes no fields: anything else is 400 as for other routes.
+func noFields(c *gin.Context) error {
+	if c.Request.ContentLength == 0 {
+		return nil
+	}
+	body, err := io.ReadAll(c.Request.Body)
+	if err == nil && len(bytes.TrimSpace(body)) == 0 {
+		return nil
+	}
+	c.Request.Body = io.NopCloser(io.MultiReader(bytes.NewReader(body), errReader{err}))
+	var none struct{}
+	return decodeJSON(c, &none)
+}
+
+// errReader returns its error (io.EOF for nil).
+type errReader struct{ err error }
+
+func (r errReader) Read([]byte) (int, error) {
+	if r.err == nil {
+		return 0, io.EOF
+	}
+	return 0, r.err
 }
 
 // exactKeys rejects top-level keys that match a field only case-insensitively

@@ -66,6 +66,8 @@ func (s *Server) validateProvision(req *provisionRequest) (config.Size, error) {
 		switch {
 		case len(v) < scrub.MinValueLen:
 			return config.Size{}, badRequest("secrets: value of %s is shorter than %d bytes and cannot be redacted safely; it was not accepted", k, scrub.MinValueLen)
+		case scrub.Shown(v) < scrub.MinValueLen:
+			return config.Size{}, badRequest("secrets: value of %s shows fewer than %d characters (spaces, control characters, invisible characters and escape sequences left out) and cannot be redacted safely; it was not accepted", k, scrub.MinValueLen)
 		case len(v) > scrub.MaxValueLen:
 			// Every encoding of a secret is indexed for redaction.
 			return config.Size{}, badRequest("secrets: value of %s is %d bytes, over the %d KiB a secret may have; put a large credential in a file in the workspace and a short one in secrets", k, len(v), scrub.MaxValueLen>>10)

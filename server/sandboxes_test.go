@@ -40,7 +40,9 @@ func TestAPIProvisionValidation(t *testing.T) {
 		{"reserved env", map[string]any{"sessionId": "s1", "env": map[string]string{"HOME": "/root"}}, "invalid_request", "HOME"},
 		{"bad env name", map[string]any{"sessionId": "s1", "env": map[string]string{"1A": "x"}}, "invalid_request", "env:"},
 		{"short secret", map[string]any{"sessionId": "s1", "secrets": map[string]string{"TOKEN": "abc"}}, "invalid_request", "TOKEN"},
-		{"secret NUL", map[string]any{"sessionId": "s1", "secrets": map[string]string{"TOKEN": "abcdef\x00gh"}}, "invalid_request", "secrets:"},
+		{"secret NUL", map[string]any{"sessionId": "s1", "secrets": map[string]string{"TOKEN": "abcdef\x00gh"}}, "invalid_request", "secrets: value of TOKEN must not contain NUL"},
+		{"blank secret", map[string]any{"sessionId": "s1", "secrets": map[string]string{"TOKEN": "        "}}, "invalid_request", "shows fewer than 6 characters"},
+		{"colour-code secret", map[string]any{"sessionId": "s1", "secrets": map[string]string{"TOKEN": "\x1b[31mred\x1b[0m"}}, "invalid_request", "shows fewer than 6 characters"},
 		{"long secret", map[string]any{"sessionId": "s1", "secrets": map[string]string{"TOKEN": strings.Repeat("k", 16<<10+1)}}, "invalid_request", "over the 16 KiB a secret may have"},
 		{"too many secret bytes", map[string]any{"sessionId": "s1", "secrets": map[string]string{"A": strings.Repeat("a", 16<<10), "B": strings.Repeat("b", 16<<10), "C": "c-secret-1"}}, "invalid_request", "over the 32 KiB a session's secrets may have"},
 		{"idle negative", map[string]any{"sessionId": "s1", "idleTimeoutSeconds": -1}, "invalid_request", "idleTimeoutSeconds"},
@@ -54,6 +56,12 @@ func TestAPIProvisionValidation(t *testing.T) {
 		}
 		if strings.Contains(msg, "abcdef") {
 			t.Errorf("%s: message leaks a secret value: %q", c.name, msg)
+		}
+	}
+	// JSON text is UTF-8: invalid bytes would reach the sandbox as U+FFFD.
+	for _, body := range []string{"{\"sessionId\":\"s1\",\"secrets\":{\"TOKEN\":\"abc\xff\xfedefgh\"}}", "{\"sessionId\":\"s1\",\"env\":{\"X\":\"x\xffy\"}}"} {
+		if msg := apiError(t, e.do("POST", "/v1/sandbox", e.token, body), http.StatusBadRequest, "invalid_request"); !strings.Contains(msg, "UTF-8") {
+			t.Errorf("invalid UTF-8: %q", msg)
 		}
 	}
 	if n := len(e.rt.CallsWith("create")); n != 0 {

@@ -95,6 +95,10 @@ func (s *Server) redeemTicket(ctx context.Context, id string) (t ticket, ok bool
 
 // createTicket: POST /v1/sandbox/:sessionId/tickets.
 func (s *Server) createTicket(c *gin.Context) {
+	if err := noFields(c); err != nil {
+		s.writeError(c, err)
+		return
+	}
 	ses, ok := s.sessionFor(c)
 	if !ok {
 		return

@@ -53,3 +53,18 @@ func TestTicketNotSpentCrossOrigin(t *testing.T) {
 		t.Fatalf("the ticket was used up by the refused attempt: %d %s", rec.Code, rec.Body)
 	}
 }
+
+// The route takes no fields: an empty body or {} makes a ticket; anything
+// else is refused as on other routes.
+func TestTicketBody(t *testing.T) {
+	e := newAPIEnv(t)
+	e.provision(e.token, map[string]any{"sessionId": "t3"})
+	for _, body := range []any{nil, "", "{}", " {} "} {
+		if rec := e.do("POST", "/v1/sandbox/t3/tickets", e.token, body); rec.Code != http.StatusCreated {
+			t.Errorf("body %q: %d %s", body, rec.Code, rec.Body)
+		}
+	}
+	for _, body := range []string{`{"bogus":1}`, `{`, `[]`} {
+		apiError(t, e.do("POST", "/v1/sandbox/t3/tickets", e.token, body), http.StatusBadRequest, "invalid_request")
+	}
+}

@@ -62,8 +62,11 @@ func checkEnv(field string, env map[string]string) error {
 		if reservedEnv[k] {
 			return badRequest("%s: %s is set by the platform", field, k)
 		}
-		if strings.ContainsRune(v, 0) || len(v) > 128*1024 {
-			return badRequest("%s: value of %s must not contain NUL and must be under 128 KiB", field, k)
+		if strings.ContainsRune(v, 0) {
+			return badRequest("%s: value of %s must not contain NUL", field, k)
+		}
+		if len(v) > 128*1024 { // secrets: scrub.MaxValueLen, checked after
+			return badRequest("%s: value of %s is %d bytes, over the 128 KiB a value may have", field, k, len(v))
 		}
 	}
 	return nil

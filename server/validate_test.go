@@ -143,7 +143,7 @@ func TestCheckEnv(t *testing.T) {
 		{map[string]string{"LOGNAME": "root"}, "LOGNAME is set by the platform"},
 		{map[string]string{"SHELL": "/bin/sh"}, "SHELL is set by the platform"},
 		{map[string]string{"FOO": "a\x00b"}, "must not contain NUL"},
-		{map[string]string{"FOO": strings.Repeat("x", 128*1024+1)}, "under 128 KiB"},
+		{map[string]string{"FOO": strings.Repeat("x", 128*1024+1)}, "over the 128 KiB"},
 	}
 	for _, c := range bad {
 		e := checkEnv("secrets", c.env)

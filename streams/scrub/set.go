@@ -133,6 +133,8 @@ func (s *Set) WithValues(values map[string]string) (*Set, error) {
 			errs = append(errs, &ValueError{Name: name, Reason: "name must be 1..128 printable characters without ']'"})
 		case len(v) < MinValueLen:
 			errs = append(errs, &ValueError{Name: name, Reason: fmt.Sprintf("value shorter than %d bytes", MinValueLen)})
+		case Shown(v) < MinValueLen:
+			errs = append(errs, &ValueError{Name: name, Reason: fmt.Sprintf("value shows fewer than %d characters (separators, invisible characters and escape sequences left out)", MinValueLen)})
 		case len(v) > MaxValueLen:
 			errs = append(errs, &ValueError{Name: name, Reason: fmt.Sprintf("value longer than %d bytes", MaxValueLen)})
 		case total+len(v) > MaxValuesLen:

@@ -217,3 +217,35 @@ func kvChar(data []byte, i int) (n int, c byte) {
 	}
 	return unitLen(data, i), c
 }
+
+// Shown is how many bytes of v the known-value matcher can compare: v as a
+// terminal shows it, without separators (bytes below 0x21), the invisible
+// characters above, escape sequences, and characters a backspace erases.
+// A value with fewer than MinValueLen of them cannot be redacted (six
+// spaces, or a colour code around three letters, read as nothing or as a
+// common word) and is refused.
+func Shown(v string) int {
+	data := []byte(v)
+	n, last := 0, 0 // last: the length of the last character counted
+	for i := 0; i < len(data); {
+		switch c := data[i]; {
+		case c == 0x1b:
+			e, _ := seqEnd(data, i)
+			i, last = e, 0
+			continue
+		case c == bs:
+			n -= last
+			i, last = i+1, 0
+			continue
+		}
+		if sn, sc := specialAt(data, i); sn > 0 { // a separator, or fullwidth ASCII: one character
+			i, last = i+sn, min(int(sc), 1)
+			n += last
+			continue
+		}
+		l, _ := kvChar(data, i)
+		n, last = n+l, l
+		i += max(l, 1)
+	}
+	return n
+}
