@@ -94,8 +94,8 @@ func TestSaveKeepsTheDiskFloor(t *testing.T) {
 	e.free.Store(start)
 	f.low.Store(start)
 	_, _, err := e.m.Teardown(ctx, e.p.Org.ID, "s")
-	if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "low on disk space") ||
-		!strings.Contains(err.Error(), "keeps its data") {
+	if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "low on disk space: this session's save needs more than the 9") ||
+		!strings.Contains(err.Error(), "1124 MiB are free of which 1024 MiB are kept free") || !strings.Contains(err.Error(), "keeps its data") {
 		t.Fatalf("teardown over the floor: %v", err)
 	}
 	if _, ok := errdefs.Public(err); !ok {
@@ -131,7 +131,7 @@ func TestSaveRefusedWithoutRoom(t *testing.T) {
 	e.provision("s", 0)
 	e.free.Store(int64(e.cfg.Limits.MinFreeDiskMiB)*mib + 5*mib)
 	_, _, err := e.m.Teardown(ctx, e.p.Org.ID, "s")
-	if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "low on disk space") {
+	if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "1029 MiB are free of which 1024 MiB are kept free, too little") {
 		t.Fatalf("teardown without room: %v", err)
 	}
 	if got := e.get("s"); got.Status != store.StatusRunning || f.freeze != 0 {

@@ -152,6 +152,7 @@ type floorReader struct {
 	free   func() int64 // -1: unknown, nothing is refused
 	floor  int64
 	since  int64 // bytes passed since the last look
+	n      int64 // bytes passed
 	looked bool
 }
 
@@ -167,6 +168,7 @@ func (f *floorReader) Read(p []byte) (int, error) {
 	}
 	n, err := f.r.Read(p)
 	f.since += int64(n)
+	f.n += int64(n)
 	return n, err
 }
 
@@ -176,13 +178,19 @@ func (f *floorReader) Read(p []byte) (int, error) {
 func (m *Manager) saveFloor() int64 { return int64(m.lim.MinFreeDiskMiB) << 20 }
 
 // errSaveNoRoom is the public error of a save refused or stopped for the
-// data dir's free space. What the save would take is not known before it
-// is written (the pack is compressed: a disk of zeros or text packs to
-// little), so a save is refused up front only when even its first bytes
-// would not fit; otherwise floorReader stops it.
-func (m *Manager) errSaveNoRoom(free int64) error {
-	return errdefs.Unavailable("the server is low on disk space: the session's save would take it below the %d MiB it keeps free "+
-		"(%d MiB free); the session keeps its data (a running session runs on), retry the teardown later", m.saveFloor()>>20, max(free, 0)>>20)
+// data dir's free space (free, now: a stopped save's temp file is gone);
+// written is what the stopped save could write. What a save takes is not
+// known before it is written (the pack is compressed: a disk of zeros or
+// text packs to little), so a save is refused up front only when even its
+// first bytes would not fit; otherwise floorReader stops it.
+func (m *Manager) errSaveNoRoom(free, written int64) error {
+	floor, free := m.saveFloor()>>20, max(free, 0)>>20
+	if written < 0 {
+		return errdefs.Unavailable("the server is low on disk space: %d MiB are free of which %d MiB are kept free, too little to save this session; "+
+			"the session keeps its data (a running session runs on), retry the teardown later", free, floor)
+	}
+	return errdefs.Unavailable("the server is low on disk space: this session's save needs more than the %d MiB it could write (%d MiB are free of which %d MiB are kept free); "+
+		"the session keeps its data (a running session runs on), retry the teardown later", written>>20, free, floor)
 }
 
 // saveFits refuses a save that could not write anything above the floor,
@@ -191,7 +199,7 @@ func (m *Manager) saveFits(ses *store.Session) error {
 	floor := m.saveFloor()
 	if free := m.dataFree(); floor > 0 && free >= 0 && free-2*floorEvery < floor {
 		m.events.Event(ses.ID, "save_failed", map[string]any{"reason": "disk"})
-		return m.errSaveNoRoom(free)
+		return m.errSaveNoRoom(free, -1)
 	}
 	return nil
 }
@@ -265,8 +273,9 @@ func (m *Manager) saveLocked(ctx context.Context, ses *store.Session, live bool)
 		packed <- st
 	}()
 	src := io.Reader(&quotaReader{r: pr, left: left})
-	if floor := m.saveFloor(); floor > 0 { // storage is on the data dir's file system
-		src = &floorReader{r: src, free: m.dataFree, floor: floor}
+	fr := &floorReader{r: src, free: m.dataFree, floor: m.saveFloor()}
+	if fr.floor > 0 { // storage is on the data dir's file system
+		src = fr
 	}
 	if hangAt != "" {
 		src = &hangReader{r: src, hang: func() { m.hang("save-writing") }}
@@ -281,7 +290,7 @@ func (m *Manager) saveLocked(ctx context.Context, ses *store.Session, live bool)
 	}
 	if errors.Is(err, errDiskFloor) {
 		m.events.Event(ses.ID, "save_failed", map[string]any{"reason": "disk"})
-		return st, m.errSaveNoRoom(m.dataFree())
+		return st, m.errSaveNoRoom(m.dataFree(), fr.n)
 	}
 	if err != nil {
 		m.events.Event(ses.ID, "save_failed", nil)
