@@ -29,7 +29,10 @@ type fillingStorage struct {
 	mu     sync.Mutex
 	freeze int
 	thaw   int
+	lost   atomic.Bool // the node has no disk
 }
+
+func (f *fillingStorage) DiskCache(id string) (bool, string) { return !f.lost.Load(), "" }
 
 func (f *fillingStorage) Put(ctx context.Context, org, name string, src io.Reader) (objects.Info, error) {
 	buf := make([]byte, 1<<20) // as objects.Dir copies
@@ -163,5 +166,28 @@ func TestFloorReader(t *testing.T) {
 	r = &floorReader{r: bytes.NewReader(make([]byte, 20*mib)), free: func() int64 { return -1 }, floor: 50 * mib}
 	if k, err := io.Copy(io.Discard, r); k != 20*mib || err != nil {
 		t.Fatalf("unknown free space: %d %v", k, err)
+	}
+}
+
+// A restore (here: to read a stopped session's files when the node lost
+// its disk) is refused below minFreeDiskMiB, as a start is.
+func TestRestoreNeedsTheDiskFloor(t *testing.T) {
+	ctx := context.Background()
+	e, f := newFillingEnv(t, 1*mib)
+	e.provision("s", 0)
+	if _, _, err := e.m.Teardown(ctx, e.p.Org.ID, "s"); err != nil {
+		t.Fatal(err)
+	}
+	f.lost.Store(true)
+	ensure := func() error {
+		return e.m.Use(ctx, e.p.Org.ID, "s", func(ses *store.Session) error { return e.m.EnsureDiskLocked(ctx, ses) })
+	}
+	e.free.Store(int64(e.cfg.Limits.MinFreeDiskMiB)*mib - 1)
+	if err := ensure(); !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "low on disk space") {
+		t.Fatalf("restore below the floor: %v", err)
+	}
+	e.free.Store(int64(e.cfg.Limits.MinFreeDiskMiB) * mib)
+	if err := ensure(); err != errDiskLost { // the fake storage has nothing to restore
+		t.Fatalf("restore with room: %v", err)
 	}
 }

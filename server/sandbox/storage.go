@@ -344,6 +344,12 @@ func (m *Manager) prepareDiskLocked(ctx context.Context, ses *store.Session) err
 	if present && (sum == "" || sum == ses.Saved.SHA256) {
 		return nil
 	}
+	// A restore writes the whole disk to the data dir: refused below
+	// limits.minFreeDiskMiB, as a start is (a read of a stopped session's
+	// files restores too).
+	if err := m.checkDiskFree(); err != nil {
+		return err
+	}
 	ctx, cancel := saveContext(ctx)
 	defer cancel()
 	start := time.Now()
