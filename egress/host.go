@@ -242,6 +242,16 @@ func authority(host string, port, def int) string {
 	return host
 }
 
+// shownHost is cleanHost of a host splitHostPort returned, without the
+// brackets of an IP literal, as events and denyText show hosts (which
+// bracket it themselves with a port): "[fe80::1%eth0]" is "fe80::1%eth0".
+func shownHost(raw string) string {
+	if len(raw) >= 2 && raw[0] == '[' && raw[len(raw)-1] == ']' {
+		raw = raw[1 : len(raw)-1]
+	}
+	return cleanHost(raw)
+}
+
 // cleanHost makes an untrusted host string safe to put in events and logs:
 // at most 255 bytes, control and invalid bytes replaced.
 func cleanHost(s string) string {

@@ -426,7 +426,7 @@ func (p *Proxy) refuseQuota(w http.ResponseWriter, r *http.Request, c *sessConn)
 	if err != nil {
 		host, port = target, 0
 	}
-	s.deny(cleanHost(host), port, ReasonQuota)
+	s.deny(shownHost(host), port, ReasonQuota)
 	body := fmt.Sprintf("egress quota exceeded: this session has used %d of its %d bytes of network traffic; new connections are refused\n",
 		s.usedBytes(), s.limit)
 	if _, _, err := http.NewResponseController(w).Hijack(); err != nil {
@@ -517,7 +517,7 @@ func (p *Proxy) onRequest(r *http.Request, ctx *goproxy.ProxyCtx) (*http.Request
 	host, _, reason := s.pol.decide(rawHost, port)
 	if reason != "" {
 		if host == "" {
-			host = cleanHost(rawHost)
+			host = shownHost(rawHost)
 		}
 		s.deny(host, port, reason)
 		return r, denyResponse(r, reason, denyText(reason, host, port))

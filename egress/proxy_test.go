@@ -632,3 +632,39 @@ func TestDestinationsOnlyAfterAnswer(t *testing.T) {
 		t.Error("the refused request's bytes were not counted")
 	}
 }
+
+// TestZoneHostShown: an IPv6 literal with a zone id is invalid; the
+// refusal and its event show it once bracketed (with the port) and the
+// event's host unbracketed, like every other IPv6 host.
+func TestZoneHostShown(t *testing.T) {
+	e := newEnv(t, testConfig())
+	addr := e.serve("s1", 0, 1<<30)
+	for _, tc := range []struct{ method, line, body, host string }{
+		{"GET", "GET http://[fe80::1%25eth0]:81/ HTTP/1.1\r\nHost: [fe80::1%25eth0]:81\r\n", `"[fe80::1%eth0]:81" is not a valid host name`, "fe80::1%eth0"},
+		{"CONNECT", "CONNECT [fe80::1%25eth0]:443 HTTP/1.1\r\nHost: [fe80::1%25eth0]:443\r\n", `"[fe80::1%25eth0]:443" is not a valid host name`, "fe80::1%25eth0"},
+	} {
+		e.events.mu.Lock()
+		e.events.denied = nil
+		e.events.mu.Unlock()
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.WriteString(c, tc.line+"\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(c), &http.Request{Method: tc.method})
+		if err != nil {
+			t.Fatalf("%s: %v", tc.method, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		c.Close()
+		if resp.StatusCode != 403 || !strings.Contains(string(b), tc.body) || strings.Contains(string(b), "[[") {
+			t.Errorf("%s: %d %q, want 403 with %q", tc.method, resp.StatusCode, b, tc.body)
+		}
+		if d := e.events.waitDenied(t, ReasonInvalidHost); d.host != tc.host {
+			t.Errorf("%s: denial host %q, want %q", tc.method, d.host, tc.host)
+		}
+	}
+}

@@ -55,7 +55,7 @@ func (p *Proxy) connect(w http.ResponseWriter, r *http.Request, c *sessConn) {
 	host, ip, reason := s.pol.decide(rawHost, port)
 	if reason != "" {
 		if host == "" {
-			host = cleanHost(rawHost)
+			host = shownHost(rawHost)
 		}
 		s.deny(host, port, reason)
 		p.refuseRaw(c, http.StatusForbidden, "Egress denied ("+reason+")", reason, denyText(reason, host, port))

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -13,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"sandboxd/server/config"
 	"sandboxd/server/sandbox"
 )
 
@@ -200,5 +202,81 @@ func TestRealDiskPressure(t *testing.T) {
 		if code, b := h.call(h.token, "DELETE", "/v1/sandbox/"+id, nil); code/100 != 2 {
 			t.Fatalf("delete %s: %d %s", id, code, b)
 		}
+	}
+}
+
+// TestRealDiskPressureSave: a teardown whose save (random data: it does
+// not compress) would take the data dir below limits.minFreeDiskMiB is
+// stopped before it does: 503 "low on disk space", the free space never
+// below the floor, no partial save left, the session running on with its
+// files; once they are deleted the teardown saves.
+func TestRealDiskPressureSave(t *testing.T) {
+	cfg := realConfig(t)
+	smallDataDir(t, cfg.DataDir, 2048)
+	t.Cleanup(func() { assertNoLeftovers(t, cfg) }) // before the unmount hides what is left
+	cfg.Limits.MinFreeDiskMiB, cfg.Limits.PressureFreeDiskMiB = 512, 768
+	h := startServer(t, cfg)
+	free := func() int64 { return sandbox.FreeBytes(cfg.DataDir) >> 20 }
+	h.provision("ds", "standard-1")
+	// Leave 400 MiB above minFreeDiskMiB: the save needs more.
+	size := free() - int64(cfg.Limits.MinFreeDiskMiB) - 400
+	if r := h.sh("ds", "head -c "+strconv.FormatInt(size, 10)+"M /dev/urandom > /workspace/r.bin && sync"); r.ExitCode != 0 {
+		t.Fatalf("write: %+v", r)
+	}
+	before := free()
+	t.Logf("wrote %d MiB of random data: %d MiB free, minFreeDiskMiB %d", size, before, cfg.Limits.MinFreeDiskMiB)
+
+	var lowest atomic.Int64
+	lowest.Store(before)
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-done:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			if f := free(); f < lowest.Load() {
+				lowest.Store(f)
+			}
+		}
+	}()
+	start := time.Now()
+	code, b := h.call(h.token, "POST", "/v1/sandbox/ds/teardown", nil)
+	took := time.Since(start)
+	close(done)
+	wg.Wait()
+	t.Logf("teardown: %d %s in %v; lowest free %d MiB, now %d MiB", code, b, took.Round(100*time.Millisecond), lowest.Load(), free())
+	if code != 503 || !strings.Contains(string(b), "low on disk space: this session's save needs more than") {
+		t.Fatalf("teardown: %d %s", code, b)
+	}
+	if low := lowest.Load(); low < int64(cfg.Limits.MinFreeDiskMiB) {
+		t.Fatalf("the free space fell to %d MiB, below minFreeDiskMiB", low)
+	}
+	if left, _ := filepath.Glob(filepath.Join(config.StorageDir(cfg.DataDir), "*", ".tmp-*")); len(left) > 0 {
+		t.Fatalf("partial save left: %v", left)
+	}
+	if o := h.get("ds"); o.Status != "running" {
+		t.Fatalf("after the stopped save: %+v", o)
+	}
+	if r := h.sh("ds", "stat -c %s /workspace/r.bin"); r.Stdout != strconv.FormatInt(size<<20, 10)+"\n" {
+		t.Fatalf("the file after the stopped save: %+v", r)
+	}
+	if logs := h.logsText("ds"); !strings.Contains(logs, `"kind":"save_failed"`) || !strings.Contains(logs, `"reason":"disk"`) {
+		t.Fatalf("no save_failed event: %s", logs)
+	}
+	if f := free(); f < before-16 {
+		t.Fatalf("space not given back: %d MiB free, %d before", f, before)
+	}
+	if r := h.sh("ds", "rm /workspace/r.bin && sync"); r.ExitCode != 0 {
+		t.Fatalf("rm: %+v", r)
+	}
+	h.teardownOK("ds")
+	integrityCheck(t, cfg)
+	if code, b := h.call(h.token, "DELETE", "/v1/sandbox/ds", nil); code/100 != 2 {
+		t.Fatalf("delete: %d %s", code, b)
 	}
 }

@@ -134,8 +134,9 @@ type Limits struct {
 	// request.
 	PressureFreeMemoryMiB  int `yaml:"pressureFreeMemoryMiB"`
 	PressureMinIdleSeconds int `yaml:"pressureMinIdleSeconds"`
-	// MinFreeDiskMiB: a provision or resume is refused (503) while the
-	// data dir's file system has less free space.
+	// MinFreeDiskMiB: a provision, resume or restore is refused (503)
+	// while the data dir's file system has less free space, and a save is
+	// stopped before it would leave less.
 	MinFreeDiskMiB int `yaml:"minFreeDiskMiB"`
 	// PressureFreeDiskMiB: below this much free space on the data dir's
 	// file system (less what sandboxes wrote that is still on its way

@@ -338,6 +338,12 @@ func (m *Manager) checkStart() error {
 	if m.noImg != nil {
 		return m.noImg
 	}
+	return m.checkDiskFree()
+}
+
+// checkDiskFree refuses what writes much to the data dir (a start, a
+// restore) while it has less than limits.minFreeDiskMiB free.
+func (m *Manager) checkDiskFree() error {
 	free := m.dataFree()
 	if free >= 0 && free>>20 < int64(m.lim.MinFreeDiskMiB) {
 		return errdefs.Unavailable("the server is low on disk space; retry later")

@@ -133,6 +133,77 @@ func (q *quotaReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// errDiskFloor: a save was stopped to keep the data dir's free space above
+// limits.minFreeDiskMiB.
+var errDiskFloor = errors.New("the data dir's free space reached limits.minFreeDiskMiB")
+
+// floorEvery is how many bytes of a save pass between two looks at the
+// free space (a statfs): a look lets the next floorEvery bytes through
+// only with twice that much room above the floor, so a save never takes
+// the floor itself (a read is cut to floorEvery).
+const floorEvery = 4 << 20
+
+// floorReader fails with errDiskFloor before the bytes it passes (which
+// its caller writes to the data dir's file system, where file systems
+// count a buffered write as used at once) would take the free space below
+// floor. The first Read looks too.
+type floorReader struct {
+	r      io.Reader
+	free   func() int64 // -1: unknown, nothing is refused
+	floor  int64
+	since  int64 // bytes passed since the last look
+	n      int64 // bytes passed
+	looked bool
+}
+
+func (f *floorReader) Read(p []byte) (int, error) {
+	if !f.looked || f.since >= floorEvery {
+		if free := f.free(); free >= 0 && free-2*floorEvery < f.floor {
+			return 0, errDiskFloor
+		}
+		f.looked, f.since = true, 0
+	}
+	if len(p) > floorEvery {
+		p = p[:floorEvery]
+	}
+	n, err := f.r.Read(p)
+	f.since += int64(n)
+	f.n += int64(n)
+	return n, err
+}
+
+// saveFloor is the free space a save keeps on the data dir's file system
+// (where storage is): limits.minFreeDiskMiB, below which starts are
+// refused too; 0: none.
+func (m *Manager) saveFloor() int64 { return int64(m.lim.MinFreeDiskMiB) << 20 }
+
+// errSaveNoRoom is the public error of a save refused or stopped for the
+// data dir's free space (free, now: a stopped save's temp file is gone);
+// written is what the stopped save could write. What a save takes is not
+// known before it is written (the pack is compressed: a disk of zeros or
+// text packs to little), so a save is refused up front only when even its
+// first bytes would not fit; otherwise floorReader stops it.
+func (m *Manager) errSaveNoRoom(free, written int64) error {
+	floor, free := m.saveFloor()>>20, max(free, 0)>>20
+	if written < 0 {
+		return errdefs.Unavailable("the server is low on disk space: %d MiB are free of which %d MiB are kept free, too little to save this session; "+
+			"the session keeps its data (a running session runs on), retry the teardown later", free, floor)
+	}
+	return errdefs.Unavailable("the server is low on disk space: this session's save needs more than the %d MiB it could write (%d MiB are free of which %d MiB are kept free); "+
+		"the session keeps its data (a running session runs on), retry the teardown later", written>>20, free, floor)
+}
+
+// saveFits refuses a save that could not write anything above the floor,
+// before the sandbox is frozen for it.
+func (m *Manager) saveFits(ses *store.Session) error {
+	floor := m.saveFloor()
+	if free := m.dataFree(); floor > 0 && free >= 0 && free-2*floorEvery < floor {
+		m.events.Event(ses.ID, "save_failed", map[string]any{"reason": "disk"})
+		return m.errSaveNoRoom(free, -1)
+	}
+	return nil
+}
+
 // syncSandbox asks a running sandbox to write what its kernel (gVisor's
 // sentry) holds back to the host's file system.
 func (m *Manager) syncSandbox(ctx context.Context, ses *store.Session) {
@@ -154,6 +225,9 @@ func (m *Manager) syncSandbox(ctx context.Context, ses *store.Session) {
 func (m *Manager) saveLocked(ctx context.Context, ses *store.Session, live bool) (archive.Stats, error) {
 	ctx, cancel := saveContext(ctx)
 	defer cancel()
+	if err := m.saveFits(ses); err != nil {
+		return archive.Stats{}, err
+	}
 	var syncMs, freezeMs int64
 	if live {
 		t0 := time.Now()
@@ -199,6 +273,10 @@ func (m *Manager) saveLocked(ctx context.Context, ses *store.Session, live bool)
 		packed <- st
 	}()
 	src := io.Reader(&quotaReader{r: pr, left: left})
+	fr := &floorReader{r: src, free: m.dataFree, floor: m.saveFloor()}
+	if fr.floor > 0 { // storage is on the data dir's file system
+		src = fr
+	}
 	if hangAt != "" {
 		src = &hangReader{r: src, hang: func() { m.hang("save-writing") }}
 	}
@@ -209,6 +287,10 @@ func (m *Manager) saveLocked(ctx context.Context, ses *store.Session, live bool)
 		m.events.Event(ses.ID, "save_failed", map[string]any{"reason": "quota"})
 		return st, errdefs.NoSpace("saving this session would pass your organization's storage quota (%d MiB; %d MiB used by other sessions' saves); "+
 			"the session keeps its data: delete sessions you no longer need and retry the teardown", quota>>20, others>>20)
+	}
+	if errors.Is(err, errDiskFloor) {
+		m.events.Event(ses.ID, "save_failed", map[string]any{"reason": "disk"})
+		return st, m.errSaveNoRoom(m.dataFree(), fr.n)
 	}
 	if err != nil {
 		m.events.Event(ses.ID, "save_failed", nil)
@@ -261,6 +343,12 @@ func (m *Manager) prepareDiskLocked(ctx context.Context, ses *store.Session) err
 	present, sum := m.disks.DiskCache(ses.ContainerID)
 	if present && (sum == "" || sum == ses.Saved.SHA256) {
 		return nil
+	}
+	// A restore writes the whole disk to the data dir: refused below
+	// limits.minFreeDiskMiB, as a start is (a read of a stopped session's
+	// files restores too).
+	if err := m.checkDiskFree(); err != nil {
+		return err
 	}
 	ctx, cancel := saveContext(ctx)
 	defer cancel()
