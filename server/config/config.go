@@ -415,11 +415,21 @@ func (c *Config) validate() error {
 		c.Limits.PressureFreeDiskMiB = 2 * c.Limits.MinFreeDiskMiB
 	}
 	l := c.Limits
-	if l.MaxBodyBytes < 1024 || l.ExecOutputBytes < 1024 || l.ExecMaxDroppedBytes < 0 || l.ExecDefaultTimeoutMs < 1 ||
-		l.ExecMaxTimeoutMs < l.ExecDefaultTimeoutMs || l.MaxSandboxes < 1 || l.MaxSandboxesPerOrg < 1 ||
-		l.MaxExecsPerSession < 1 || l.MaxMemoryMiB < 0 || l.MinFreeDiskMiB < 0 || l.TerminalIdleSeconds < 1 ||
-		l.MaxAPIConns < 0 || l.APIIdleSeconds < 1 {
-		errs = append(errs, errors.New("limits: out of range"))
+	for _, f := range []struct {
+		name     string
+		v, least int64
+	}{
+		{"maxBodyBytes", int64(l.MaxBodyBytes), 1024}, {"execOutputBytes", int64(l.ExecOutputBytes), 1024},
+		{"execMaxDroppedBytes", l.ExecMaxDroppedBytes, 0}, {"execDefaultTimeoutMs", int64(l.ExecDefaultTimeoutMs), 1},
+		{"execMaxTimeoutMs", int64(l.ExecMaxTimeoutMs), int64(max(l.ExecDefaultTimeoutMs, 1))},
+		{"maxSandboxes", int64(l.MaxSandboxes), 1}, {"maxSandboxesPerOrg", int64(l.MaxSandboxesPerOrg), 1},
+		{"maxExecsPerSession", int64(l.MaxExecsPerSession), 1}, {"maxMemoryMiB", int64(l.MaxMemoryMiB), 0},
+		{"minFreeDiskMiB", int64(l.MinFreeDiskMiB), 0}, {"terminalIdleSeconds", int64(l.TerminalIdleSeconds), 1},
+		{"maxAPIConns", int64(l.MaxAPIConns), 0}, {"apiIdleSeconds", int64(l.APIIdleSeconds), 1},
+	} {
+		if f.v < f.least {
+			errs = append(errs, fmt.Errorf("limits.%s: %d is less than %d", f.name, f.v, f.least))
+		}
 	}
 	if !(l.MemoryOvercommit >= 1 && l.MemoryOvercommit <= 1000) {
 		errs = append(errs, fmt.Errorf("limits.memoryOvercommit: %v is not between 1 (no overcommit) and 1000", l.MemoryOvercommit))

@@ -172,6 +172,9 @@ func TestLoadConfigErrors(t *testing.T) {
 		"scrub cores many":   {"limits:\n  scrubCpuCores: 65\n", "limits.scrubCpuCores"},
 		"scrub burst":        {"limits:\n  scrubCpuBurstMs: 0\n", "limits.scrubCpuBurstMs"},
 		"scrub burst long":   {"limits:\n  scrubCpuBurstMs: 60001\n", "limits.scrubCpuBurstMs"},
+		"min free disk":      {"limits:\n  minFreeDiskMiB: -1\n", "limits.minFreeDiskMiB: -1 is less than 0"},
+		"max timeout":        {"limits:\n  execDefaultTimeoutMs: 5000\n  execMaxTimeoutMs: 1000\n", "limits.execMaxTimeoutMs: 1000 is less than 5000"},
+		"body limit":         {"limits:\n  maxBodyBytes: 10\n", "limits.maxBodyBytes"},
 		"bad yaml":           {"listen: [\n", "yaml"},
 	}
 	for name, c := range cases {
