@@ -476,11 +476,15 @@ func TestRealGC(t *testing.T) {
 			t.Fatalf("planting failed: no %q in\n%s", want, strings.Join(before, "\n"))
 		}
 	}
+	// This test's namespaces: other tests' servers (other prefixes) come
+	// and go meanwhile.
 	nsNames := func() []string {
 		ents, _ := os.ReadDir("/var/run/netns")
 		var out []string
 		for _, e := range ents {
-			out = append(out, e.Name())
+			if n := e.Name(); strings.HasPrefix(n, a.prefix+"-") || strings.HasPrefix(n, b.prefix+"-") || n == foreign {
+				out = append(out, n)
+			}
 		}
 		return out
 	}
