@@ -90,6 +90,15 @@ func TestAPIProvisionSecretsMemory(t *testing.T) {
 	if l := e.list(e.token); len(l) != 1 {
 		t.Errorf("sessions: %+v", l)
 	}
+	metrics := e.do("GET", "/metrics", "", nil).Body.String()
+	var running, stopped float64
+	for _, l := range strings.Split(metrics, "\n") {
+		fmt.Sscanf(l, `sandboxd_scrub_secrets_memory_bytes{sessions="running"} %g`, &running)
+		fmt.Sscanf(l, `sandboxd_scrub_secrets_memory_bytes{sessions="stopped"} %g`, &stopped)
+	}
+	if running < 4e6 || running > 8<<20 || stopped != 0 { // the first session's 4 KiB
+		t.Errorf("secrets memory metrics: running %g, stopped %g", running, stopped)
+	}
 	// Sessions without secrets are not refused.
 	e.provision(e.token, map[string]any{"sessionId": "plain"})
 	if rec := e.do("DELETE", "/v1/sandbox/first", e.token, nil); rec.Code != http.StatusNoContent {
