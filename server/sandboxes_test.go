@@ -80,7 +80,11 @@ func TestAPIProvisionSecretsMemory(t *testing.T) {
 		return base64.StdEncoding.EncodeToString(b)
 	}
 	e.provision(e.token, map[string]any{"sessionId": "first", "secrets": map[string]string{"KEY": secret('a')}})
-	msg := apiError(t, e.do("POST", "/v1/sandbox", e.token, map[string]any{"sessionId": "second", "secrets": map[string]string{"KEY": secret('b')}}), http.StatusServiceUnavailable, "unavailable")
+	rec := e.do("POST", "/v1/sandbox", e.token, map[string]any{"sessionId": "second", "secrets": map[string]string{"KEY": secret('b')}})
+	if ra := rec.Header().Get("Retry-After"); ra != "30" {
+		t.Errorf("Retry-After %q", ra)
+	}
+	msg := apiError(t, rec, http.StatusServiceUnavailable, "unavailable")
 	if !strings.Contains(msg, "of the 8 MiB it keeps for redacting them") {
 		t.Errorf("message %q", msg)
 	}

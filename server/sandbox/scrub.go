@@ -207,6 +207,10 @@ func (s *scrubbers) unpin(pk string) {
 	}
 }
 
+// secretsRetryAfter: the Retry-After (seconds) of a start refused for the
+// secrets budget; it frees as running sessions stop.
+const secretsRetryAfter = 30
+
 // roomLocked says whether n more bytes of pinned secrets fit the budget;
 // s.mu is held.
 func (s *scrubbers) roomLocked(n int) error {
@@ -214,7 +218,7 @@ func (s *scrubbers) roomLocked(n int) error {
 		return nil
 	}
 	return errdefs.Unavailable("the secrets of this server's running sessions take %d MiB of the %d MiB it keeps for redacting them (these take about %d MiB); retry later, or with fewer or shorter secrets",
-		(s.pinned+s.reserved)>>20, s.memBudget>>20, (n+1<<20-1)>>20)
+		(s.pinned+s.reserved)>>20, s.memBudget>>20, (n+1<<20-1)>>20).WithRetryAfter(secretsRetryAfter)
 }
 
 // evictLocked drops unpinned entries with secrets, least recently used
