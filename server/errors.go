@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strconv"
 
 	"github.com/gin-gonic/gin"
 
@@ -108,6 +109,9 @@ func (s *Server) writeError(c *gin.Context, err error) {
 	var details map[string]any
 	if pe, ok := errdefs.Public(err); ok {
 		details = pe.Details()
+		if s := pe.RetryAfter(); s > 0 {
+			c.Header("Retry-After", strconv.Itoa(s))
+		}
 	}
 	answerErrorDetails(c, status, code, msg, details)
 }

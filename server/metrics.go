@@ -109,6 +109,18 @@ func (m *metrics) registerScrubBudget(stats func() scrub.BudgetStats) {
 	)
 }
 
+// registerSecretsMemory adds the memory the sessions' secrets take in
+// their scrubbers (limits.maxSecretsMemoryMiB bounds the running ones').
+func (m *metrics) registerSecretsMemory(memory func() (running, cached int)) {
+	const help = "Memory the sessions' secrets take in their scrubbers' indexes (bytes): running sessions' (limits.maxSecretsMemoryMiB bounds them), and stopped ones' loaded for a read (evicted when the room is needed)."
+	m.reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sandboxd_scrub_secrets_memory_bytes", Help: help, ConstLabels: prometheus.Labels{"sessions": "running"}},
+			func() float64 { r, _ := memory(); return float64(r) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sandboxd_scrub_secrets_memory_bytes", Help: help, ConstLabels: prometheus.Labels{"sessions": "stopped"}},
+			func() float64 { r, c := memory(); return float64(max(c-r, 0)) }),
+	)
+}
+
 // sessionCollector reads session counts by status from the store at scrape time.
 type sessionCollector struct{ db *store.DB }
 

@@ -88,7 +88,11 @@ func TestAPIProvisionSecretsMemory(t *testing.T) {
 		return base64.StdEncoding.EncodeToString(b)
 	}
 	e.provision(e.token, map[string]any{"sessionId": "first", "secrets": map[string]string{"KEY": secret('a')}})
-	msg := apiError(t, e.do("POST", "/v1/sandbox", e.token, map[string]any{"sessionId": "second", "secrets": map[string]string{"KEY": secret('b')}}), http.StatusServiceUnavailable, "unavailable")
+	rec := e.do("POST", "/v1/sandbox", e.token, map[string]any{"sessionId": "second", "secrets": map[string]string{"KEY": secret('b')}})
+	if ra := rec.Header().Get("Retry-After"); ra != "30" {
+		t.Errorf("Retry-After %q", ra)
+	}
+	msg := apiError(t, rec, http.StatusServiceUnavailable, "unavailable")
 	if !strings.Contains(msg, "of the 8 MiB it keeps for redacting them") {
 		t.Errorf("message %q", msg)
 	}
@@ -97,6 +101,15 @@ func TestAPIProvisionSecretsMemory(t *testing.T) {
 	}
 	if l := e.list(e.token); len(l) != 1 {
 		t.Errorf("sessions: %+v", l)
+	}
+	metrics := e.do("GET", "/metrics", "", nil).Body.String()
+	var running, stopped float64
+	for _, l := range strings.Split(metrics, "\n") {
+		fmt.Sscanf(l, `sandboxd_scrub_secrets_memory_bytes{sessions="running"} %g`, &running)
+		fmt.Sscanf(l, `sandboxd_scrub_secrets_memory_bytes{sessions="stopped"} %g`, &stopped)
+	}
+	if running < 4e6 || running > 8<<20 || stopped != 0 { // the first session's 4 KiB
+		t.Errorf("secrets memory metrics: running %g, stopped %g", running, stopped)
 	}
 	// Sessions without secrets are not refused.
 	e.provision(e.token, map[string]any{"sessionId": "plain"})

@@ -328,6 +328,7 @@ func newServer(cfg *config.Config, db *store.DB, rt Runtime, img string, imageEr
 	}
 	s.sessions = sandbox.New(opts)
 	s.met.registerScrubBudget(s.sessions.ScrubStats)
+	s.met.registerSecretsMemory(s.sessions.ScrubMemory)
 	if s.keys, err = portal.LoadKey(filepath.Join(cfg.DataDir, "portal.key")); err != nil {
 		return nil, err
 	}

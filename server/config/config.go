@@ -123,9 +123,11 @@ type Limits struct {
 	// a pid, and a sandbox that cannot make a thread dies.
 	MinFreePids int `yaml:"minFreePids"`
 	// MaxSecretsMemoryMiB: the memory the server keeps for redacting the
-	// secrets of its sessions (each secret's encodings are indexed, about
-	// 1 KB per secret byte; at most 32 KiB of secrets a session); a
-	// provision that would go over is refused (503). 0: an eighth of the
+	// secrets of its running sessions (each secret's encodings are
+	// indexed, about 1 KB per secret byte; at most 32 KiB of secrets a
+	// session); a provision or resume that would go over is refused (503,
+	// Retry-After) before anything is compiled. Stopped sessions' indexes,
+	// loaded for reads, are evicted for the room. 0: an eighth of the
 	// host's memory.
 	MaxSecretsMemoryMiB int `yaml:"maxSecretsMemoryMiB"`
 	// PressureFreeMemoryMiB: below this much available memory the monitor

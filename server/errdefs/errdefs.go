@@ -39,6 +39,8 @@ type Error struct {
 	cause error // logged by the edge, never shown
 	// details are public facts a client can act on (the numbers of a 402).
 	details map[string]any
+	// retryAfter (seconds, 0 = none): the edge's Retry-After header.
+	retryAfter int
 }
 
 func (e *Error) Error() string {
@@ -85,6 +87,17 @@ func (e *Error) WithDetails(d map[string]any) *Error {
 
 // Details are the public details (nil: none).
 func (e *Error) Details() map[string]any { return e.details }
+
+// WithRetryAfter returns a copy the edge answers with Retry-After: seconds
+// (when a retry may succeed: a limit that frees as others' work ends).
+func (e *Error) WithRetryAfter(seconds int) *Error {
+	c := *e
+	c.retryAfter = seconds
+	return &c
+}
+
+// RetryAfter is the Retry-After in seconds (0: none).
+func (e *Error) RetryAfter() int { return e.retryAfter }
 
 // WithCause returns a copy that records cause for the log.
 func (e *Error) WithCause(cause error) *Error {

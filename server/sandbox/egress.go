@@ -40,6 +40,7 @@ func (m *Manager) stopEgress(ses *store.Session) {
 		m.auditSystem("egress.summary", ses, map[string]any{"destinations": list})
 	}
 	m.egress.Close(ses.ID)
+	m.scrub.unpin(ses.ID) // it stops running: its scrubber may be evicted
 }
 
 // liveEgress refreshes ses's byte count from the proxy (the store lags by

@@ -230,8 +230,9 @@ func (m *Manager) Provision(ctx context.Context, p store.Principal, spec Spec) (
 			return store.Session{}, err
 		}
 	}
-	// What startLocked uses, without reading them back.
-	if err := m.scrub.admit(ses.ID, spec.Secrets); err != nil {
+	// What startLocked uses, without reading them back; checked against
+	// limits.maxSecretsMemoryMiB before it is compiled.
+	if err := m.scrub.admit(ctx, ses.ID, spec.Secrets); err != nil {
 		return store.Session{}, err
 	}
 	undo.push(func() { m.scrub.forget(ses.ID) })
@@ -296,6 +297,10 @@ func (m *Manager) Resume(ctx context.Context, orgID, sessionID string) (_ store.
 		return store.Session{}, err
 	}
 	undo.push(func() { m.release(ses.OrgID, ses.MemoryMiB) })
+	if err := m.pinScrubber(ctx, ses.ID, true); err != nil {
+		return store.Session{}, err
+	}
+	undo.push(func() { m.scrub.unpin(ses.ID) })
 	if err := m.setStatusLocked(ctx, ses, store.StatusProvisioning, ses.StatusReason); err != nil {
 		return store.Session{}, err
 	}
@@ -463,8 +468,11 @@ func (m *Manager) startLocked(ctx context.Context, ses *store.Session, z config.
 		m.hang("provision-started")
 	}
 	// Its secrets join the scrubber of text no session can be told from
-	// (the standard library's log lines) before the sandbox can reach out.
-	m.Scrubber(ses.ID)
+	// (the standard library's log lines) before the sandbox can reach out;
+	// pinned while it runs (its start checked the budget).
+	if err := m.pinScrubber(cctx, ses.ID, false); err != nil {
+		return fmt.Errorf("scrubber: %w", err)
+	}
 	undo.push(func() { m.scrub.forget(ses.ID) })
 	if err := m.startEgress(ses); err != nil {
 		return fmt.Errorf("egress listener: %w", err)
@@ -874,7 +882,7 @@ func (m *Manager) reconcileOne(ctx context.Context, ses *store.Session, st runsc
 		}
 		logErr("wake agent", m.rt.Wake(ses.ContainerID))
 		m.hooks.Started(ses)
-		m.Scrubber(ses.ID) // as in a start
+		logErr("scrubber", m.pinScrubber(ctx, ses.ID, false)) // as in a start, running already
 		// The sandbox lives on without a way out if this fails; say so.
 		logErr("egress listener", m.startEgress(ses))
 	}

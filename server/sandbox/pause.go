@@ -239,6 +239,10 @@ func (m *Manager) resumePausedLocked(ctx context.Context, ses *store.Session, ad
 		return err
 	}
 	undo.push(func() { m.release(ses.OrgID, ses.MemoryMiB) })
+	if err := m.pinScrubber(ctx, ses.ID, admit); err != nil {
+		return err
+	}
+	undo.push(func() { m.scrub.unpin(ses.ID) })
 	if err := m.setStatusLocked(ctx, ses, store.StatusProvisioning, ses.StatusReason); err != nil {
 		return err
 	}

@@ -8,6 +8,7 @@ import (
 	"sort"
 	"sync"
 	"time"
+	"weak"
 
 	"golang.org/x/sys/unix"
 
@@ -115,7 +116,7 @@ func (w *artifactWalk) walk(fd int, rel string, depth int) error {
 // cache when the file is unchanged.
 func (w *artifactWalk) digest(dirfd int, name string, lst *unix.Stat_t) (Artifact, bool) {
 	cache := w.d.fs.digests
-	key := digestKey{session: w.d.session, set: w.d.set, dev: lst.Dev, ino: lst.Ino, size: lst.Size, mtime: lst.Mtim, ctime: lst.Ctim}
+	key := digestKey{session: w.d.session, set: weak.Make(w.d.set), dev: lst.Dev, ino: lst.Ino, size: lst.Size, mtime: lst.Mtim, ctime: lst.Ctim}
 	if d, ok := cache.get(key); ok {
 		return Artifact{Size: d.size, SHA256: d.sum, ModifiedAt: mtime(lst)}, true
 	}
@@ -154,7 +155,7 @@ func (w *artifactWalk) digest(dirfd int, name string, lst *unix.Stat_t) (Artifac
 	d := digestVal{size: cw.n, sum: hex.EncodeToString(h.Sum(nil))}
 	var after unix.Stat_t
 	if unix.Fstat(fd, &after) == nil && after.Size == st.Size && after.Mtim == st.Mtim && after.Ctim == st.Ctim {
-		key = digestKey{session: w.d.session, set: w.d.set, dev: st.Dev, ino: st.Ino, size: st.Size, mtime: st.Mtim, ctime: st.Ctim}
+		key = digestKey{session: w.d.session, set: weak.Make(w.d.set), dev: st.Dev, ino: st.Ino, size: st.Size, mtime: st.Mtim, ctime: st.Ctim}
 		cache.put(key, d)
 	}
 	return Artifact{Size: d.size, SHA256: d.sum, ModifiedAt: mtime(&st)}, true
@@ -176,7 +177,9 @@ func (c *countWriter) Write(p []byte) (int, error) {
 // unchanged while its inode, size, mtime and ctime are (the sandbox cannot
 // set ctime, and a file whose ctime is within the last two seconds is not
 // cached: a write in the same clock tick would not change it). The
-// scrubber is part of the key: digests describe scrubbed bytes.
+// scrubber is part of the key: digests describe scrubbed bytes. It is
+// held weakly: a scrubber the session manager evicted (a stopped session's)
+// is not kept alive by the digests made with it.
 type digestCache struct {
 	mu  sync.Mutex
 	m   map[digestKey]digestVal
@@ -187,7 +190,7 @@ const maxDigests = 100000
 
 type digestKey struct {
 	session      string
-	set          *scrub.Set
+	set          weak.Pointer[scrub.Set]
 	dev, ino     uint64
 	size         int64
 	mtime, ctime unix.Timespec
@@ -217,7 +220,7 @@ func (d *digestCache) put(k digestKey, v digestVal) {
 	d.m[k] = v
 }
 
-// forget drops a session's entries (and the scrubbers they pin).
+// forget drops a session's entries.
 func (d *digestCache) forget(session string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
