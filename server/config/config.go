@@ -93,6 +93,9 @@ type Config struct {
 	// EgressResolver replaces the proxy's DNS resolver (tests map names to
 	// loopback upstreams); nil means the host's.
 	EgressResolver egress.Resolver `yaml:"-"`
+
+	// pressureSet: the config file names limits.pressureFreeDiskMiB.
+	pressureSet bool
 }
 
 // EnvVars are the environment variables Load reads.
@@ -285,6 +288,7 @@ func Load(flags Overrides) (*Config, error) {
 		if err := decodeStrict(b, &c); err != nil {
 			return nil, fmt.Errorf("config file %s: %w", file, err)
 		}
+		c.pressureSet = setsPressure(b)
 	}
 	c.Listen = firstNonEmpty(flags.Listen, os.Getenv("SANDBOXD_LISTEN"), c.Listen)
 	c.DataDir = firstNonEmpty(flags.DataDir, os.Getenv("SANDBOXD_DATA_DIR"), c.DataDir)
@@ -340,6 +344,16 @@ func Load(flags Overrides) (*Config, error) {
 		return nil, err
 	}
 	return &c, nil
+}
+
+// setsPressure tells whether a config file names limits.pressureFreeDiskMiB.
+func setsPressure(b []byte) bool {
+	var v struct {
+		Limits struct {
+			P *int `yaml:"pressureFreeDiskMiB"`
+		} `yaml:"limits"`
+	}
+	return yaml.Unmarshal(b, &v) == nil && v.Limits.P != nil
 }
 
 func decodeStrict(b []byte, v any) error {
@@ -413,7 +427,8 @@ func (c *Config) validate() error {
 	errs = append(errs, c.Git.validate()...)
 	// A floor left at its default under a raised minFreeDiskMiB (a config
 	// from before pressureFreeDiskMiB) follows it instead of failing.
-	if c.Limits.PressureFreeDiskMiB == defaultPressureFreeDiskMiB && c.Limits.MinFreeDiskMiB >= defaultPressureFreeDiskMiB {
+	// A floor the file names itself is kept as written (and checked below).
+	if !c.pressureSet && c.Limits.PressureFreeDiskMiB == defaultPressureFreeDiskMiB && c.Limits.MinFreeDiskMiB >= defaultPressureFreeDiskMiB {
 		c.Limits.PressureFreeDiskMiB = 2 * c.Limits.MinFreeDiskMiB
 	}
 	l := c.Limits

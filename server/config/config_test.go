@@ -166,16 +166,18 @@ func TestLoadConfigErrors(t *testing.T) {
 		"idle action":        {"limits:\n  idleAction: sleep\n", "idleAction"},
 		"disk pressure":      {"limits:\n  pressureFreeDiskMiB: -1\n", "limits.pressureFreeDiskMiB"},
 		"disk pressure low":  {"limits:\n  minFreeDiskMiB: 2048\n  pressureFreeDiskMiB: 2048\n", "more than limits.minFreeDiskMiB"},
-		"scrub cores":        {"limits:\n  scrubCpuCores: -0.5\n", "limits.scrubCpuCores"},
-		"scrub cores tiny":   {"limits:\n  scrubCpuCores: 0.001\n", "limits.scrubCpuCores"},
-		"scrub cores nan":    {"limits:\n  scrubCpuCores: .nan\n", "limits.scrubCpuCores"},
-		"scrub cores many":   {"limits:\n  scrubCpuCores: 65\n", "limits.scrubCpuCores"},
-		"scrub burst":        {"limits:\n  scrubCpuBurstMs: 0\n", "limits.scrubCpuBurstMs"},
-		"scrub burst long":   {"limits:\n  scrubCpuBurstMs: 60001\n", "limits.scrubCpuBurstMs"},
-		"min free disk":      {"limits:\n  minFreeDiskMiB: -1\n", "limits.minFreeDiskMiB: -1 is less than 0"},
-		"max timeout":        {"limits:\n  execDefaultTimeoutMs: 5000\n  execMaxTimeoutMs: 1000\n", "limits.execMaxTimeoutMs: 1000 is less than 5000"},
-		"body limit":         {"limits:\n  maxBodyBytes: 10\n", "limits.maxBodyBytes"},
-		"bad yaml":           {"listen: [\n", "yaml"},
+		// Named in the file at the default's value: checked, not moved.
+		"disk pressure named": {"limits:\n  minFreeDiskMiB: 4096\n  pressureFreeDiskMiB: 4096\n", "more than limits.minFreeDiskMiB"},
+		"scrub cores":         {"limits:\n  scrubCpuCores: -0.5\n", "limits.scrubCpuCores"},
+		"scrub cores tiny":    {"limits:\n  scrubCpuCores: 0.001\n", "limits.scrubCpuCores"},
+		"scrub cores nan":     {"limits:\n  scrubCpuCores: .nan\n", "limits.scrubCpuCores"},
+		"scrub cores many":    {"limits:\n  scrubCpuCores: 65\n", "limits.scrubCpuCores"},
+		"scrub burst":         {"limits:\n  scrubCpuBurstMs: 0\n", "limits.scrubCpuBurstMs"},
+		"scrub burst long":    {"limits:\n  scrubCpuBurstMs: 60001\n", "limits.scrubCpuBurstMs"},
+		"min free disk":       {"limits:\n  minFreeDiskMiB: -1\n", "limits.minFreeDiskMiB: -1 is less than 0"},
+		"max timeout":         {"limits:\n  execDefaultTimeoutMs: 5000\n  execMaxTimeoutMs: 1000\n", "limits.execMaxTimeoutMs: 1000 is less than 5000"},
+		"body limit":          {"limits:\n  maxBodyBytes: 10\n", "limits.maxBodyBytes"},
+		"bad yaml":            {"listen: [\n", "yaml"},
 	}
 	for name, c := range cases {
 		_, err := Load(Overrides{ConfigFile: writeTempFile(t, "c.yaml", c.yaml)})
