@@ -14,8 +14,9 @@ import (
 )
 
 // Scrubber is a session's scrubber: the rules plus the session's secrets
-// (and their encodings), compiled once and cached until the session is
-// deleted or its start fails. What it scrubs is charged to the session's
+// (and their encodings), compiled once and cached while the session runs
+// (a stopped session's may be evicted and compiled again: scrubbers),
+// until the session is deleted or its start fails. What it scrubs is charged to the session's
 // budget (limits.scrubCpuCores): its Writers and Pairs wait while the
 // session is over it, and deleting the session ends their waits.
 func (m *Manager) Scrubber(pk string) *scrub.Set {
