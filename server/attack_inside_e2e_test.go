@@ -1337,7 +1337,10 @@ while True: b.append(bytearray(32 << 20))' & done; wait; echo survived`, "timeou
 	<-sampled
 	facts["oomAfterMs"], facts["cgroupPeakMiB"] = time.Since(t0).Milliseconds(), peak>>20
 	facts["hostMemAvailableDropMiB"] = availBefore - minAvail
-	if r.ExitCode != 137 || !r.OOM || strings.Contains(r.Stdout, "survived") {
+	// Which process the kernel's OOM killer takes varies: the sentry (all
+	// at once), or first a bomb, the shell running on to print "survived"
+	// until the sandbox is failed. Either way the command is an OOM.
+	if r.ExitCode != 137 || !r.OOM {
 		t.Fatalf("memory bomb: %+v", r)
 	}
 	// cgroup v1 charges in per-CPU batches: a few pages past the limit.

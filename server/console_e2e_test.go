@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -133,11 +134,30 @@ func fill(sel, val string) chromedp.Action[chromedp.Void] {
 // waitFor polls a JavaScript expression until it is true.
 func (c *console) waitFor(d time.Duration, what, js string) {
 	c.t.Helper()
-	poll := chromedp.Poll[bool](js, chromedp.WithPollingInterval(100*time.Millisecond))
-	c.do(d, what, func(ctx context.Context, t *chromedp.Target) (chromedp.Void, error) {
-		_, err := poll(ctx, t)
-		return chromedp.Void{}, err
-	})
+	if err := c.until(d, js); err != nil {
+		c.do(time.Second, what, func(context.Context, *chromedp.Target) (chromedp.Void, error) { return chromedp.Void{}, err })
+	}
+}
+
+// until polls js from here, not with an in-page poll: a predicate that
+// throws once (mid-render) or a page that stalls would leave an in-page
+// poll waiting out its whole deadline.
+func (c *console) until(d time.Duration, js string) error {
+	probe := `(() => { try { return !!(` + js + `) } catch (e) { return false } })()`
+	deadline := time.Now().Add(d)
+	for {
+		ok, err := get(c.ctx, 5*time.Second, chromedp.Evaluate[bool](probe))
+		if err == nil && ok {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			if err == nil {
+				err = context.DeadlineExceeded
+			}
+			return fmt.Errorf("not true after %s: %.120s: %w", d, js, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 func (c *console) signIn(token string) {
@@ -304,11 +324,7 @@ func TestRealConsole(t *testing.T) {
 		c.do(10*time.Second, "narrow", chromedp.EmulateViewport(760, 800))
 		// Under a loaded CI machine the first frame after a viewport change
 		// has come late; say what the page measured if it never comes.
-		poll := chromedp.Poll[bool](`document.querySelector('.term-tab:not([hidden]) .term').__term.cols < `+strconv.Itoa(before), chromedp.WithPollingInterval(100*time.Millisecond))
-		if err := do(c.ctx, 30*time.Second, func(ctx context.Context, tg *chromedp.Target) (chromedp.Void, error) {
-			_, err := poll(ctx, tg)
-			return chromedp.Void{}, err
-		}); err != nil {
+		if err := c.until(30*time.Second, `document.querySelector('.term-tab:not([hidden]) .term').__term.cols < `+strconv.Itoa(before)); err != nil {
 			t.Fatalf("refit: %v; the page measures %s", err, c.eval(`(() => { const el = document.querySelector('.term-tab:not([hidden]) .term');
 			  return 'window ' + innerWidth + ', terminal element ' + el.clientWidth + ' wide (parent ' + el.parentElement.clientWidth + '), ' + el.__term.cols + ' columns'; })()`))
 		}

@@ -805,7 +805,7 @@ func TestRealFaultsDataDirFull(t *testing.T) {
 	check("provision, nearly full", code, b, "disk")
 	nothingOf("df-c")
 	code, b = h.call(h.token, "POST", "/v1/sandbox/df-a/teardown", nil)
-	check("teardown, the save does not fit", code, b, "disk is full")
+	check("teardown, the save does not fit", code, b, "low on disk space")
 	serving()
 
 	// Full, and no check: the disk's own ENOSPC.

@@ -576,6 +576,13 @@ func (m *Manager) stopSessionLocked(ctx context.Context, ses *store.Session, sav
 		}
 		m.events.Event(ses.ID, "restored_for_push", nil)
 	}
+	if save && m.saving() {
+		// Refused before anything changes: no push, no freeze to undo.
+		if err := m.saveFits(ses); err != nil {
+			m.log.Warn("save refused", "session", ses.SessionID, "err", err)
+			return res, err
+		}
+	}
 	prev := ses.Status
 	if ses.Status != store.StatusStopping {
 		if err := m.setStatusLocked(ctx, ses, store.StatusStopping, ses.StatusReason); err != nil {
