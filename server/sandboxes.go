@@ -60,6 +60,9 @@ func (s *Server) validateProvision(req *provisionRequest) (config.Size, error) {
 	if e := checkEnv("secrets", req.Secrets); e != nil {
 		return config.Size{}, e
 	}
+	if e := checkSecretNames(req.Secrets); e != nil {
+		return config.Size{}, e
+	}
 	total := 0
 	for _, k := range slices.Sorted(maps.Keys(req.Secrets)) {
 		v := req.Secrets[k]

@@ -48,6 +48,29 @@ func validBranch(s string) bool {
 // reservedEnv are variables the platform sets; a client may not override them.
 var reservedEnv = map[string]bool{"HOME": true, "USER": true, "LOGNAME": true, "SHELL": true}
 
+// loaderOrShellVar reports a variable the dynamic loader, the shell or an
+// interpreter acts on (code to load or source, the command search path).
+// Such a name is no credential: as a secret its value would be redacted
+// wherever it is printed, and a mistyped one would change what runs.
+func loaderOrShellVar(k string) bool {
+	switch k {
+	case "PATH", "IFS", "ENV", "BASH_ENV", "PROMPT_COMMAND", "PS1", "PS2", "PS4", "SHELLOPTS", "BASHOPTS",
+		"PYTHONPATH", "PYTHONSTARTUP", "NODE_OPTIONS", "NODE_PATH":
+		return true
+	}
+	return strings.HasPrefix(k, "LD_") || strings.HasPrefix(k, "BASH_FUNC_")
+}
+
+// checkSecretNames refuses secrets named like loader or shell variables.
+func checkSecretNames(secrets map[string]string) error {
+	for _, k := range slices.Sorted(maps.Keys(secrets)) {
+		if loaderOrShellVar(k) {
+			return badRequest("secrets: %s is read by the shell, the loader or an interpreter, not a credential; pass it in env", k)
+		}
+	}
+	return nil
+}
+
 // checkEnv validates an env map; field names the JSON field for messages.
 // Names are checked in order, so a request always gets the same message.
 func checkEnv(field string, env map[string]string) error {

@@ -165,6 +165,15 @@ func TestCheckEnv(t *testing.T) {
 			}
 		}
 	}
+	for _, k := range []string{"PATH", "LD_PRELOAD", "LD_LIBRARY_PATH", "BASH_ENV", "BASH_FUNC_x%%", "PYTHONSTARTUP", "NODE_OPTIONS"} {
+		e := checkSecretNames(map[string]string{"API_KEY": "abcdefgh", k: "/tmp/evil-value"})
+		if _, _, msg := statusOf(e); e == nil || !strings.Contains(msg, k+" is read by the shell") || strings.Contains(msg, "evil") {
+			t.Errorf("secret named %s: %v", k, e)
+		}
+	}
+	if e := checkSecretNames(map[string]string{"API_KEY": "x", "LDAP_PASSWORD": "y", "PATHNAME_TOKEN": "z"}); e != nil {
+		t.Errorf("ordinary secret names refused: %v", e)
+	}
 	many := map[string]string{}
 	for i := range 257 {
 		many[fmt.Sprintf("V%d", i)] = "x"
