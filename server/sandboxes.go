@@ -36,6 +36,9 @@ func (s *Server) validateProvision(req *provisionRequest) (config.Size, error) {
 	if !validSessionID(req.SessionID) {
 		return config.Size{}, errInvalidSessionID
 	}
+	if reservedSessionIDs[req.SessionID] {
+		return config.Size{}, errdefs.Invalid("sessionId: %q is a word of the API's routes (/v1/sandbox/%s/...); choose another", req.SessionID, req.SessionID).WithCode("invalid_session_id")
+	}
 	size, ok := s.cfg.Sizes.Resolve(req.Size)
 	if !ok {
 		return config.Size{}, errdefs.Invalid("size: must be one of %s", strings.Join(s.cfg.Sizes.Names(), ", ")).WithCode("invalid_size")

@@ -20,6 +20,12 @@ var (
 // starting with a letter or digit.
 func validSessionID(s string) bool { return sessionIDRe.MatchString(s) }
 
+// reservedSessionIDs are the routes' own words after /v1/sandbox/: a
+// session so named would be routed as another session's action (the
+// router matches these first). TestReservedSessionIDsCoverTheRoutes keeps
+// the list whole.
+var reservedSessionIDs = map[string]bool{"terminal": true, "python": true, "node": true, "proxy": true}
+
 // validRepo reports whether s is owner/name as GitHub allows them.
 func validRepo(s string) bool {
 	owner, name, ok := strings.Cut(s, "/")

@@ -2,6 +2,8 @@ package server
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -210,5 +212,34 @@ func TestValidCwd(t *testing.T) {
 		if got := validCwd(c.in); got != c.want {
 			t.Errorf("validCwd(%q) = %v, want %v", c.in, got, c.want)
 		}
+	}
+}
+
+// Every static word after /v1/sandbox/ is a reserved session id, and a
+// provision (REST or MCP's create_sandbox, one validator) with one is 400:
+// a session named "terminal" would take another session's actions.
+func TestReservedSessionIDsCoverTheRoutes(t *testing.T) {
+	e := newAPIEnv(t)
+	words := map[string]bool{}
+	for _, r := range e.s.engine.Routes() {
+		rest, ok := strings.CutPrefix(r.Path, "/v1/sandbox/")
+		if !ok {
+			continue
+		}
+		if w, _, _ := strings.Cut(rest, "/"); w != "" && !strings.HasPrefix(w, ":") && !strings.HasPrefix(w, "*") {
+			words[w] = true
+		}
+	}
+	if !maps.Equal(words, reservedSessionIDs) {
+		t.Errorf("the routes' words after /v1/sandbox/ are %v, reserved are %v", slices.Sorted(maps.Keys(words)), slices.Sorted(maps.Keys(reservedSessionIDs)))
+	}
+	for w := range words {
+		w := e.do("POST", "/v1/sandbox", e.token, map[string]any{"sessionId": w, "size": "standard-1"})
+		if w.Code != 400 || !strings.Contains(w.Body.String(), "invalid_session_id") || !strings.Contains(w.Body.String(), "a word of the API's routes") {
+			t.Errorf("provision of a reserved id: %d %s", w.Code, w.Body)
+		}
+	}
+	if w := e.do("POST", "/v1/sandbox", e.token, map[string]any{"sessionId": "terminals", "size": "standard-1"}); w.Code != 201 {
+		t.Errorf("provision of an ordinary id: %d %s", w.Code, w.Body)
 	}
 }
