@@ -231,16 +231,35 @@ func (s *Server) authenticate(c *gin.Context) {
 	c.Next()
 }
 
-// auditDenied records a request that failed authentication.
+// auditDenied records a request that failed authentication: a bounded
+// number per address, each of bounded size (what it names is the
+// client's, unchecked).
 func (s *Server) auditDenied(c *gin.Context, status int) {
+	if _, ref := s.fair.deniedAudit.Admit(s.clientKey(c.Request)); ref != nil {
+		s.met.auditDeniedDropped.Inc()
+		return
+	}
 	p := principal(c)
 	s.db.Audit(store.AuditRecord{
 		Time: time.Now().UTC(), OrgID: p.Org.ID, UserID: p.User.ID, TokenID: p.TokenID,
-		Action: "auth", SessionID: c.Param("sessionId"),
+		Action: "auth", SessionID: auditedSessionID(c),
 		Outcome: "denied", Status: status, RemoteAddr: c.ClientIP(), RequestID: requestID(c),
-		Details: map[string]any{"method": c.Request.Method, "path": c.Request.URL.Path},
+		Details: map[string]any{"method": clip(c.Request.Method, 16), "path": clip(c.Request.URL.Path, maxAuditedPath)},
 	})
 }
+
+// maxAuditedPath bounds a path kept in the audit log.
+const maxAuditedPath = 256
+
+// auditedSessionID is the request's session id as the audit log keeps it:
+// "" when it is none a session could have.
+func auditedSessionID(c *gin.Context) string {
+	if id := c.Param("sessionId"); validSessionID(id) {
+		return id
+	}
+	return ""
+}
+
 
 func (s *Server) require(perm string) gin.HandlerFunc {
 	return func(c *gin.Context) {
@@ -289,7 +308,7 @@ func (s *Server) audited(action string) gin.HandlerFunc {
 		}
 		s.auditSync(store.AuditRecord{
 			Time: time.Now().UTC(), OrgID: p.Org.ID, UserID: p.User.ID, TokenID: p.TokenID,
-			Action: action, SessionID: c.Param("sessionId"), Outcome: outcome, Status: status,
+			Action: action, SessionID: auditedSessionID(c), Outcome: outcome, Status: status,
 			RemoteAddr: c.ClientIP(), RequestID: requestID(c), Details: details,
 		})
 	}

@@ -564,3 +564,50 @@ func TestAPIStrictKeysAndPaths(t *testing.T) {
 	rec := e.do("GET", "/v1/sandbox/k1/", e.token, nil)
 	apiError(t, rec, http.StatusNotFound, "not_found")
 }
+
+// Failed authentications from one address write a bounded number of audit
+// records, each of bounded size: a client without a token cannot fill the
+// data dir's disk through the audit log (found by a review in session 21:
+// 30 KB paths, 6 MiB/s of database growth from one client).
+func TestAuditDeniedBounded(t *testing.T) {
+	e := newAPIEnv(t)
+	long := strings.Repeat("a", 30000)
+	for range 150 {
+		w := e.do("GET", "/v1/sandbox/"+long+"/artifacts/"+long, "", nil, withRemote("198.51.100.9:4000"))
+		if w.Code != http.StatusUnauthorized {
+			t.Fatalf("%d %s", w.Code, w.Body)
+		}
+	}
+	w := e.do("GET", "/v1/sandbox/s-ok/files", "", nil, withRemote("198.51.100.10:4000")) // another address: its own budget
+	if w.Code != http.StatusUnauthorized {
+		t.Fatalf("%d %s", w.Code, w.Body)
+	}
+	if err := e.db.FlushAudit(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	recs, err := e.db.ListAudit(context.Background(), store.AuditFilter{Action: "auth", Limit: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fromFlood, size int
+	for _, r := range recs {
+		if r.RemoteAddr == "198.51.100.10" {
+			if r.SessionID != "s-ok" || r.Details["path"] != "/v1/sandbox/s-ok/files" {
+				t.Errorf("an ordinary denial: %+v", r)
+			}
+			continue
+		}
+		fromFlood++
+		b, _ := json.Marshal(r)
+		size += len(b)
+		if r.SessionID != "" {
+			t.Errorf("an impossible session id kept: %.60s", r.SessionID)
+		}
+	}
+	if fromFlood < deniedAuditBurst || fromFlood > deniedAuditBurst+3 || size > fromFlood*1024 {
+		t.Errorf("%d records, %d bytes, from one address's 150 denials", fromFlood, size)
+	}
+	if n := metricValue(t, e, `sandboxd_audit_denied_dropped_total`); n < 150-deniedAuditBurst-3 {
+		t.Errorf("sandboxd_audit_denied_dropped_total = %v", n)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/gin-gonic/gin"
 
@@ -209,9 +210,13 @@ func (s *Server) killAll(c *gin.Context, ses *store.Session, req *execRequest) {
 	c.JSON(http.StatusOK, ans)
 }
 
+// clip cuts s to at most n bytes, on a rune boundary, marking the cut.
 func clip(s string, n int) string {
 	if len(s) <= n {
 		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
 	}
 	return s[:n] + "..."
 }

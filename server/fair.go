@@ -28,6 +28,13 @@ import (
 // flush): from then on it is a connection, capped per client in listen.go.
 // The portal's own origins are limited the same way (servePortal).
 
+// Failed authentications recorded per address: a burst, then one a
+// second; the rest are counted (sandboxd_audit_denied_dropped_total).
+const (
+	deniedAuditBurst     = 60
+	deniedAuditPerSecond = 1
+)
+
 const (
 	scopeAddress = "address"
 	scopeToken   = "token"
@@ -36,6 +43,10 @@ const (
 // fairness is the request limiters and who a client is.
 type fairness struct {
 	byAddr, byToken *fair.Requests
+	// deniedAudit bounds the audit records of failed authentications per
+	// address: within the request rate a client could otherwise grow the
+	// database by megabytes a second with no token at all.
+	deniedAudit *fair.Requests
 	trusted         []netip.Prefix // trustedProxies
 	warn            rate.Sometimes
 }
@@ -44,6 +55,7 @@ func (s *Server) newFairness() {
 	l := s.cfg.Limits
 	lim := fair.RequestLimits{PerSecond: l.RequestsPerSecond, Burst: l.RequestBurst, InFlight: l.MaxRequestsInFlight}
 	s.fair = &fairness{byAddr: fair.NewRequests(lim, nil), byToken: fair.NewRequests(lim, nil),
+		deniedAudit: fair.NewRequests(fair.RequestLimits{PerSecond: deniedAuditPerSecond, Burst: deniedAuditBurst}, nil),
 		trusted: parsePrefixes(s.cfg.TrustedProxies), warn: rate.Sometimes{Interval: time.Minute}}
 }
 

@@ -34,7 +34,8 @@ type metrics struct {
 	apiEvicted       prometheus.Counter
 	limited          *prometheus.CounterVec
 	// Standard library log lines dropped by the rate limit (stdlog.go).
-	stdLogSuppressed prometheus.Counter
+	stdLogSuppressed   prometheus.Counter
+	auditDeniedDropped prometheus.Counter
 	// Credits drawn by running sandboxes, as the monitor sees them accrue.
 	credits prometheus.Counter
 	// The monitor's rounds (every 5 s): at high density their length is
@@ -71,6 +72,9 @@ func newMetrics(db *store.DB, dataDir string) *metrics {
 	m.limited = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sandboxd_api_requests_limited_total", Help: "Requests answered 429 over a client's request limits, by scope (address, token) and reason (rate, in_flight).",
 	}, []string{"scope", "reason"})
+	m.auditDeniedDropped = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "sandboxd_audit_denied_dropped_total", Help: "Failed authentications not written to the audit log: past an address's burst of them (60, then one a second).",
+	})
 	m.stdLogSuppressed = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "sandboxd_stdlog_suppressed_total", Help: "Go standard library log lines dropped by the rate limit.",
 	})
@@ -87,7 +91,7 @@ func newMetrics(db *store.DB, dataDir string) *metrics {
 	dataFree := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "sandboxd_data_dir_free_bytes", Help: "Free space on the data dir's file system (sandbox disks, saves, the database).",
 	}, func() float64 { return float64(sandbox.FreeBytes(dataDir)) })
-	m.reg.MustRegister(m.diskStops, dataFree, m.monitorRound, m.requests, m.provision, m.exec, m.wsConns, m.apiConns, m.apiRefused, m.apiClientRefused, m.apiEvicted, m.limited, m.stdLogSuppressed, m.credits, sessionCollector{db},
+	m.reg.MustRegister(m.diskStops, dataFree, m.monitorRound, m.requests, m.provision, m.exec, m.wsConns, m.apiConns, m.apiRefused, m.apiClientRefused, m.apiEvicted, m.limited, m.stdLogSuppressed, m.auditDeniedDropped, m.credits, sessionCollector{db},
 		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 	return m
 }
