@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"errors"
 	"net/http"
 	"strconv"
@@ -148,9 +149,11 @@ func (s *Server) revokeToken(c *gin.Context) {
 		s.writeError(c, errdefs.NotFound("no such token"))
 		return
 	}
-	if t.UserID != p.User.ID && p.Role != store.RoleOwner && s.roleOf(c, p.Org.ID, t.UserID) == store.RoleOwner {
-		s.writeError(c, errdefs.Forbidden("only an owner can revoke an owner's token"))
-		return
+	if t.UserID != p.User.ID && p.Role != store.RoleOwner {
+		if owner, err := s.isOwner(c, p.Org.ID, t.UserID); err != nil || owner {
+			s.writeError(c, cmp.Or[error](err, errdefs.Forbidden("only an owner can revoke an owner's token")))
+			return
+		}
 	}
 	if err := s.db.RevokeToken(c.Request.Context(), p.Org.ID, id); err != nil {
 		s.writeError(c, err)
@@ -239,9 +242,12 @@ func (s *Server) updateMember(c *gin.Context) {
 		s.writeError(c, badRequest("role: must be owner, admin, developer or viewer"))
 		return
 	}
-	if (req.Role == store.RoleOwner || s.roleOf(c, p.Org.ID, c.Param("userId")) == store.RoleOwner) && p.Role != store.RoleOwner {
-		s.writeError(c, errdefs.Forbidden("only an owner can make an owner or change an owner's role"))
-		return
+	if p.Role != store.RoleOwner {
+		owner, err := s.isOwner(c, p.Org.ID, c.Param("userId"))
+		if err != nil || owner || req.Role == store.RoleOwner {
+			s.writeError(c, cmp.Or[error](err, errdefs.Forbidden("only an owner can make an owner or change an owner's role")))
+			return
+		}
 	}
 	auditDetail(c, "userId", c.Param("userId"))
 	auditDetail(c, "role", req.Role)
@@ -258,9 +264,11 @@ func (s *Server) removeMember(c *gin.Context) {
 		return
 	}
 	auditDetail(c, "userId", c.Param("userId"))
-	if p.Role != store.RoleOwner && s.roleOf(c, p.Org.ID, c.Param("userId")) == store.RoleOwner {
-		s.writeError(c, errdefs.Forbidden("only an owner can remove an owner"))
-		return
+	if p.Role != store.RoleOwner {
+		if owner, err := s.isOwner(c, p.Org.ID, c.Param("userId")); err != nil || owner {
+			s.writeError(c, cmp.Or[error](err, errdefs.Forbidden("only an owner can remove an owner")))
+			return
+		}
 	}
 	if err := s.db.RemoveMember(c.Request.Context(), p.Org.ID, c.Param("userId")); err != nil {
 		s.writeError(c, memberErr(err))
@@ -269,18 +277,19 @@ func (s *Server) removeMember(c *gin.Context) {
 	c.Status(http.StatusNoContent)
 }
 
-// roleOf returns a member's role in the org ("" if not a member).
-func (s *Server) roleOf(c *gin.Context, orgID, userID string) string {
+// isOwner reports whether a user is an owner of the org. An unreadable
+// member list is an error: the owner checks fail closed.
+func (s *Server) isOwner(c *gin.Context, orgID, userID string) (bool, error) {
 	ms, err := s.db.ListMembers(c.Request.Context(), orgID)
 	if err != nil {
-		return ""
+		return false, err
 	}
 	for _, m := range ms {
 		if m.UserID == userID {
-			return m.Role
+			return m.Role == store.RoleOwner, nil
 		}
 	}
-	return ""
+	return false, nil
 }
 
 func memberErr(err error) error {

@@ -260,7 +260,6 @@ func auditedSessionID(c *gin.Context) string {
 	return ""
 }
 
-
 func (s *Server) require(perm string) gin.HandlerFunc {
 	return func(c *gin.Context) {
 		p := principal(c)

@@ -131,7 +131,11 @@ func (s *Server) logFailure(msg string, err error, pk string, attrs ...any) {
 	}
 	var text any = cause
 	if pk != "" {
-		text = s.sessions.Scrubber(pk).RedactString(cause.Error())
+		if set, err := s.sessions.Scrubber(pk); err == nil {
+			text = set.RedactString(cause.Error())
+		} else {
+			text = "(withheld: the session's secrets could not be read to redact it)"
+		}
 	}
 	s.log.Log(context.Background(), level, msg, append(attrs, "err", text)...)
 }

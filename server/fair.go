@@ -47,8 +47,8 @@ type fairness struct {
 	// address: within the request rate a client could otherwise grow the
 	// database by megabytes a second with no token at all.
 	deniedAudit *fair.Requests
-	trusted         []netip.Prefix // trustedProxies
-	warn            rate.Sometimes
+	trusted     []netip.Prefix // trustedProxies
+	warn        rate.Sometimes
 }
 
 func (s *Server) newFairness() {
@@ -56,7 +56,7 @@ func (s *Server) newFairness() {
 	lim := fair.RequestLimits{PerSecond: l.RequestsPerSecond, Burst: l.RequestBurst, InFlight: l.MaxRequestsInFlight}
 	s.fair = &fairness{byAddr: fair.NewRequests(lim, nil), byToken: fair.NewRequests(lim, nil),
 		deniedAudit: fair.NewRequests(fair.RequestLimits{PerSecond: deniedAuditPerSecond, Burst: deniedAuditBurst}, nil),
-		trusted: parsePrefixes(s.cfg.TrustedProxies), warn: rate.Sometimes{Interval: time.Minute}}
+		trusted:     parsePrefixes(s.cfg.TrustedProxies), warn: rate.Sometimes{Interval: time.Minute}}
 }
 
 // parsePrefixes reads trustedProxies (validated by config: IPs or CIDRs).

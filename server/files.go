@@ -108,7 +108,10 @@ func (s *Server) useWorkspace(ctx context.Context, orgID, id string, write bool,
 				s.log.Error("release workspace", "session", ses.SessionID, "err", err)
 			}
 		}()
-		set := s.sessions.Scrubber(ses.ID)
+		set, err := s.sessions.Scrubber(ses.ID)
+		if err != nil {
+			return err
+		}
 		return fn(ses, s.files.Dir(dir, ses.ID, set), set)
 	})
 }

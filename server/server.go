@@ -294,7 +294,8 @@ func newServer(cfg *config.Config, db *store.DB, rt Runtime, img string, imageEr
 	s.terms = procs.NewTerminals(time.Duration(cfg.Limits.TerminalIdleSeconds)*time.Second, s.log.With("component", "terminals"))
 	// The session log scrubs with the sessions' scrubbers, which the
 	// Manager (made below, before any entry) owns.
-	s.logs = sessionlog.New(db, func(pk string) *scrub.Set { return s.sessions.Scrubber(pk) }, cfg.DataDir, s.log.With("component", "sessionlog"))
+	// A closure: s.sessions is made after the logs.
+	s.logs = sessionlog.New(db, func(pk string) (*scrub.Set, error) { return s.sessions.Scrubber(pk) }, cfg.DataDir, s.log.With("component", "sessionlog"))
 	// Every session's connection cap fits in the proxy's budget, so no
 	// organization can take the connections another's sandboxes are due.
 	perSession, total, fits := egress.ConnLimits(cfg.Limits.MaxSandboxes)

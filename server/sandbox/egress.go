@@ -33,9 +33,13 @@ func (m *Manager) stopEgress(ses *store.Session) {
 	if dests := m.egress.Destinations(ses.ID); len(dests) > 0 {
 		// Host names are the sandbox's choice: one may carry a secret.
 		list := destinationList(dests)
-		set := m.Scrubber(ses.ID)
+		set, err := m.Scrubber(ses.ID)
 		for i := range list {
-			list[i].Host = set.RedactString(list[i].Host)
+			if err != nil {
+				list[i].Host = "[withheld]"
+			} else {
+				list[i].Host = set.RedactString(list[i].Host)
+			}
 		}
 		m.auditSystem("egress.summary", ses, map[string]any{"destinations": list})
 	}

@@ -305,7 +305,9 @@ func (m *Manager) resumePausedLocked(ctx context.Context, ses *store.Session, ad
 			m.log.Error("undo restore", "session", ses.SessionID, "err", err)
 		}
 	})
-	m.Scrubber(ses.ID)
+	if _, err := m.Scrubber(ses.ID); err != nil {
+		return err
+	}
 	undo.push(func() { m.scrub.forget(ses.ID) })
 	if err := m.startEgress(ses); err != nil {
 		return errdefs.Unavailable("the sandbox could not be resumed (egress); the session is stopped with its workspace kept")

@@ -19,21 +19,26 @@ import (
 // until the session is deleted or its start fails. What it scrubs is charged to the session's
 // budget (limits.scrubCpuCores): its Writers and Pairs wait while the
 // session is over it, and deleting the session ends their waits.
-func (m *Manager) Scrubber(pk string) *scrub.Set {
+// ErrScrubberUnavailable: the session's secrets could not be read, so
+// nothing of it may be shown (fail closed, never with the rules only).
+func (m *Manager) Scrubber(pk string) (*scrub.Set, error) {
 	if set, ok := m.scrub.cached(pk); ok {
-		return set
+		return set, nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	secrets, err := m.db.Secrets(ctx, pk)
 	if err != nil {
-		// Nothing is cached, so the next use reads the secrets again; this
-		// one has the rules only.
+		// Nothing is cached, so the next use reads the secrets again.
 		m.log.Error("read secrets for the scrubber", "session", pk, "err", err)
-		return m.scrub.withSecrets(nil)
+		return nil, ErrScrubberUnavailable
 	}
-	return m.scrub.forSession(pk, secrets)
+	return m.scrub.forSession(pk, secrets), nil
 }
+
+// ErrScrubberUnavailable is Scrubber's answer when a session's secrets
+// cannot be read (the database is busy or failing).
+var ErrScrubberUnavailable = errdefs.Unavailable("the session's secrets cannot be read now, so nothing of it can be shown safely; retry")
 
 // pinScrubber pins a session's scrubber as it starts running (scrubbers
 // says why); check refuses it (503) when the running sessions' secrets

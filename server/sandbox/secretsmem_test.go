@@ -262,3 +262,28 @@ func sessionPK(t *testing.T, e *env, id string) string {
 	}
 	return ses.ID
 }
+
+// A session's scrubber whose secrets cannot be read is an error, never the
+// rules alone: what the caller would show (a stopped session's files, a
+// log entry) could hold a secret (found by a review in session 21).
+func TestScrubberFailsClosed(t *testing.T) {
+	e := secretsEnv(t)
+	ctx := context.Background()
+	if err := e.provisionSecret("s1", 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := e.m.Teardown(ctx, e.p.Org.ID, "s1"); err != nil {
+		t.Fatal(err)
+	}
+	pk := sessionPK(t, e, "s1")
+	e.m.Close()
+	e.m = e.newManager() // nothing cached
+	if set, err := e.m.Scrubber(pk); err != nil || set == nil {
+		t.Fatalf("readable secrets: %v", err)
+	}
+	e.m.scrub.forget(pk)
+	e.db.Close() // every read fails from now on
+	if set, err := e.m.Scrubber(pk); err == nil || set != nil || !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Fatalf("unreadable secrets: %v %v", set, err)
+	}
+}

@@ -59,7 +59,7 @@ type EventStore interface {
 // Logs holds the logs of all sessions of a server.
 type Logs struct {
 	db       EventStore
-	scrubber func(pk string) *scrub.Set
+	scrubber func(pk string) (*scrub.Set, error)
 	dataDir  string // replaced by <data-dir> in kernel lines
 	log      *slog.Logger
 	now      func() time.Time
@@ -84,7 +84,7 @@ type session struct {
 
 // New returns the logs of a server: db persists events, scrubber gives a
 // session's scrubber, dataDir is hidden from kernel lines.
-func New(db EventStore, scrubber func(pk string) *scrub.Set, dataDir string, log *slog.Logger) *Logs {
+func New(db EventStore, scrubber func(pk string) (*scrub.Set, error), dataDir string, log *slog.Logger) *Logs {
 	return &Logs{db: db, scrubber: scrubber, dataDir: dataDir, log: log, now: time.Now, m: map[string]*session{}}
 }
 
@@ -156,7 +156,9 @@ func (l *Logs) Event(pk, kind string, fields map[string]any) {
 // the session's scrubbing is over its CPU budget (scrub.Budget), so that
 // a service printing rule keywords waits in its pipe.
 func (l *Logs) Service(pk, name, line string) {
-	l.scrubber(pk).WaitBudget()
+	if set, err := l.scrubber(pk); err == nil {
+		set.WaitBudget()
+	}
 	l.add(pk, Entry{"type": "service", "time": l.now().UTC().Format(time.RFC3339Nano), "service": name, "line": line})
 }
 
@@ -166,7 +168,12 @@ func (l *Logs) add(pk string, e Entry) {
 	if err != nil {
 		return
 	}
-	b = l.scrubber(pk).Redact(b)
+	set, err := l.scrubber(pk)
+	if err != nil { // fail closed: an entry is never kept unredacted
+		l.log.Warn("session log entry dropped: the session's secrets cannot be read to redact it", "session", pk, "err", err)
+		return
+	}
+	b = set.Redact(b)
 	l.get(pk).add(b)
 	if e["type"] == "event" {
 		l.db.AppendEvent(pk, b)

@@ -41,7 +41,7 @@ func newLogs(t *testing.T, db *store.DB) *Logs {
 	if set, err = set.WithValues(map[string]string{"TOPSECRET": "hunter2-very-secret"}); err != nil {
 		t.Fatal(err)
 	}
-	return New(db, func(string) *scrub.Set { return set }, "/data", slog.New(slog.DiscardHandler))
+	return New(db, func(string) (*scrub.Set, error) { return set, nil }, "/data", slog.New(slog.DiscardHandler))
 }
 
 // Events (scrubbed) are persisted and, after a restart on the same file,
@@ -135,7 +135,7 @@ func plainLogs(t *testing.T) *Logs {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return New(memStore{}, func(string) *scrub.Set { return set }, "/var/lib/sbx", slog.New(slog.DiscardHandler))
+	return New(memStore{}, func(string) (*scrub.Set, error) { return set, nil }, "/var/lib/sbx", slog.New(slog.DiscardHandler))
 }
 
 // The tailer shows warnings and unsupported syscalls after boot, with the
