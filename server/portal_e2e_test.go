@@ -443,6 +443,15 @@ func portalOriginChecks(t *testing.T, h *harness, id string) {
 			t.Errorf("cross-origin %v: %d %s", hdr, res.StatusCode, b)
 		}
 	}
+	// The one-click page after a cross-site link goes on to this origin's
+	// page, never to another site's (//evil.example/login).
+	navigate := http.Header{"Sec-Fetch-Site": {"cross-site"}, "Sec-Fetch-Mode": {"navigate"}, "Sec-Fetch-Dest": {"document"}}
+	if res, b := get(origin+"/port/8000/headers?x=1", navigate); res.StatusCode != http.StatusForbidden || !bytes.Contains(b, []byte(`href="/port/8000/headers?x=1"`)) {
+		t.Errorf("cross-site navigation: %d %s", res.StatusCode, b)
+	}
+	if res, b := get(origin+"//evil.example/login", navigate); res.StatusCode != http.StatusForbidden || bytes.Contains(b, []byte(`href="//`)) || !bytes.Contains(b, []byte(`href="/"`)) {
+		t.Errorf("cross-site navigation to //evil.example/login: %d %s", res.StatusCode, b)
+	}
 	// The API takes no cookie; the portal origin serves no API.
 	u, _ := url.Parse(h.ts.URL)
 	for _, c := range cl.Jar.Cookies(loc) {

@@ -122,7 +122,7 @@ func (s *Server) servePortal(w http.ResponseWriter, r *http.Request, key string)
 			// this origin's own page goes on (it cannot be framed).
 			portal.WritePage(w, http.StatusForbidden, portal.Page{Title: "Open this sandbox?",
 				Message: "This page of a sandbox was opened from another site. Continue only if you meant to open it.",
-				Links:   []portal.Link{{Href: r.URL.RequestURI(), Text: "Continue to " + r.URL.Path}}})
+				Links:   []portal.Link{{Href: continueHref(r.URL), Text: "Continue to " + r.URL.Path}}})
 			return
 		}
 		fail(errCrossOrigin)
@@ -235,6 +235,15 @@ func safeNext(next string) bool {
 	}
 	u, err := url.Parse(next)
 	return err == nil && u.Scheme == "" && u.Host == ""
+}
+
+// continueHref is the interstitial's link to the page asked for, on this
+// origin only: a path such as //evil.example/login would be another site.
+func continueHref(u *url.URL) string {
+	if next := u.RequestURI(); safeNext(next) {
+		return next
+	}
+	return "/"
 }
 
 // portalIndex lists the session's routes.
