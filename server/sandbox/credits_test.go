@@ -75,6 +75,11 @@ func TestPlanLimits(t *testing.T) {
 	if !errors.Is(err, errdefs.ErrForbidden) || !strings.Contains(err.Error(), "tiny plan") {
 		t.Fatalf("size above plan: %v", err)
 	}
+	// An idle pause the plan lacks: 403 at provision, not a teardown later.
+	_, err = e.m.Provision(ctx, e.p, Spec{SessionID: "ip", Size: e.size("standard-1"), IdleAction: config.IdlePause})
+	if !errors.Is(err, errdefs.ErrForbidden) || !strings.Contains(err.Error(), "does not include pause") {
+		t.Fatalf("idleAction pause on the tiny plan: %v", err)
+	}
 	ses, err := e.m.Provision(ctx, e.p, Spec{SessionID: "s1", Size: e.size("standard-1")})
 	if err != nil {
 		t.Fatal(err)

@@ -168,6 +168,13 @@ func (m *Manager) Provision(ctx context.Context, p store.Principal, spec Spec) (
 			return store.Session{}, errdefs.Invalid("projectId: no such project in your organization")
 		}
 	}
+	if spec.IdleAction == config.IdlePause {
+		// Asked for by name: refused as an explicit pause would be, not
+		// turned into a teardown at the first idle timeout.
+		if err := m.mayPause(ctx, p.Org.ID); err != nil {
+			return store.Session{}, err
+		}
+	}
 	names := make([]string, 0, len(spec.Secrets))
 	for k := range spec.Secrets {
 		names = append(names, k)
