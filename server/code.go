@@ -62,7 +62,12 @@ func (s *Server) runCode(lang string) gin.HandlerFunc {
 			s.writeError(c, err)
 			return
 		}
-		resp, err := s.runCodeIn(c.Request.Context(), ses, lang, &req, ginNote(c))
+		ctx, lost, stop := s.whileAllowed(c.Request.Context(), principal(c), PermProjectUpdate)
+		defer stop()
+		resp, err := s.runCodeIn(ctx, ses, lang, &req, ginNote(c))
+		if lost() {
+			err = errAccessLost // its output is not for a revoked token
+		}
 		if err != nil {
 			s.writeError(c, err)
 			return

@@ -76,7 +76,12 @@ func (s *Server) exec(c *gin.Context) {
 		s.writeError(c, badRequest("action: must be \"exec\" or \"kill\""))
 		return
 	}
-	resp, err := s.execCommand(c.Request.Context(), ses, &req, ginNote(c))
+	ctx, lost, stop := s.whileAllowed(c.Request.Context(), principal(c), PermProjectUpdate)
+	defer stop()
+	resp, err := s.execCommand(ctx, ses, &req, ginNote(c))
+	if lost() {
+		err = errAccessLost // its output is not for a revoked token
+	}
 	if err != nil {
 		s.writeError(c, err)
 		return

@@ -111,3 +111,44 @@ func TestRealExecOutputLimit(t *testing.T) {
 		}
 	})
 }
+
+// A command or code run outliving its token is stopped and its output not
+// given (found by a review in session 21: a revoked token's exec answered
+// 200 with a file's contents 12 s after the revoke).
+func TestRealExecStoppedWhenTokenRevoked(t *testing.T) {
+	h := startServer(t, realConfig(t))
+	h.s.wsGuard.Store(int64(100 * time.Millisecond))
+	h.provision("rv", "test-tiny")
+	for _, c := range []struct{ path, key, run string }{
+		{"/v1/sandbox/terminal/rv", "command", "sleep 20; echo output-after-revoke; touch /workspace/ran-on"},
+		{"/v1/sandbox/python/rv", "code", "import time, pathlib\ntime.sleep(20)\npathlib.Path('/workspace/ran-on').touch()\nprint('output-after-revoke')"},
+	} {
+		tok := h.newToken("rv")
+		body := map[string]any{c.key: c.run, "timeoutMs": 60000}
+		if c.key == "command" {
+			body["action"] = "exec"
+		}
+		type answer struct {
+			code int
+			b    []byte
+		}
+		got := make(chan answer, 1)
+		go func() {
+			code, b := h.call(tok.Token, "POST", c.path, body)
+			got <- answer{code, b}
+		}()
+		time.Sleep(1500 * time.Millisecond)
+		t0 := time.Now()
+		if code, b := h.call(h.token, "DELETE", "/v1/tokens/"+tok.ID, nil); code >= 300 {
+			t.Fatalf("revoke: %d %s", code, b)
+		}
+		a := <-got
+		if a.code != http.StatusUnauthorized || strings.Contains(string(a.b), "output-after-revoke") || time.Since(t0) > 5*time.Second {
+			t.Errorf("%s after the revoke: %d %s in %v", c.path, a.code, a.b, time.Since(t0))
+		}
+	}
+	time.Sleep(21 * time.Second) // past the commands' own end
+	if r := h.sh("rv", "ls /workspace/ran-on 2>&1; true"); !strings.Contains(r.Stdout, "No such file") {
+		t.Errorf("a stopped command ran on: %+v", r)
+	}
+}

@@ -131,7 +131,11 @@ func (s *Server) serveMCP(c *gin.Context) {
 	}
 	caller := &mcpCaller{p: p, requestID: requestID(c), remoteAddr: c.ClientIP(),
 		origin: &http.Request{Host: c.Request.Host, TLS: c.Request.TLS}}
-	r := c.Request.WithContext(context.WithValue(c.Request.Context(), mcpCallerKey{}, caller))
+	// A tool call (a command may run an hour) or a stream outliving the
+	// token is stopped.
+	ctx, _, stop := s.whileAllowed(c.Request.Context(), p, PermProjectRead)
+	defer stop()
+	r := c.Request.WithContext(context.WithValue(ctx, mcpCallerKey{}, caller))
 	w := &mcpWriter{ResponseWriter: c.Writer}
 	if id == "" {
 		// A new session's id is in the answer's header: bind it to the

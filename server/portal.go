@@ -155,13 +155,8 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, p store.Principal
 	// Any proxied request may outlive its token (a WebSocket, any other
 	// upgrade, a stream, a long download): each is cut once the token no
 	// longer grants access.
-	ctx, cancel := context.WithCancel(r.Context())
-	defer cancel()
-	go func() {
-		if s.watchAccess(ctx.Done(), p, PermProjectUpdate) {
-			cancel()
-		}
-	}()
+	ctx, _, stop := s.whileAllowed(r.Context(), p, PermProjectUpdate)
+	defer stop()
 	s.portal.Serve(w, r.WithContext(ctx), call)
 }
 

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -96,6 +97,27 @@ func (s *Server) guard(w *streams.WSConn, p store.Principal, perm string) {
 		w.CloseWith(streams.ClosePolicy, "access revoked")
 	}
 }
+
+// whileAllowed is ctx until p's token no longer grants perm (checked as
+// for a WebSocket): a request that outlives its token (a long command, a
+// code run, a proxied stream, an MCP stream) is stopped, and lost says so.
+// stop ends the watch; call it when the request is done.
+func (s *Server) whileAllowed(ctx context.Context, p store.Principal, perm string) (_ context.Context, lost func() bool, stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	var gone atomic.Bool
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if s.watchAccess(ctx.Done(), p, perm) {
+			gone.Store(true)
+			cancel()
+		}
+	}()
+	return ctx, gone.Load, func() { cancel(); <-done }
+}
+
+// errAccessLost answers a request whose token stopped granting it while it ran.
+var errAccessLost = errdefs.New(errdefs.ErrUnauthenticated, "access revoked while the request ran (the token was revoked or the role changed); what it ran was stopped")
 
 // watchAccess checks every s.wsGuard whether p's token still grants perm.
 // It returns true once it does not, false when done is closed first.
