@@ -62,7 +62,7 @@ func (s *Server) withWorkspace(c *gin.Context, write bool, fn func(ses *store.Se
 	}()
 	// Errors inside fn are answered there; useWorkspace's own (no such
 	// session, wrong state) here.
-	err := s.useWorkspace(c.Request.Context(), principal(c).Org.ID, id, write, func(ses *store.Session, d *workspace.Dir, set *scrub.Set) error {
+	err := s.useWorkspace(c.Request.Context(), principal(c), id, write, func(ses *store.Session, d *workspace.Dir, set *scrub.Set) error {
 		fn(ses, d, set)
 		return nil
 	})
@@ -75,8 +75,8 @@ func (s *Server) withWorkspace(c *gin.Context, write bool, fn func(ses *store.Se
 // lock and returns its error. A running session's mounted disk is used; a
 // stopped or failed one's saved disk is mounted read-only for the call
 // (reads only). set is the session's scrubber.
-func (s *Server) useWorkspace(ctx context.Context, orgID, id string, write bool, fn func(ses *store.Session, d *workspace.Dir, set *scrub.Set) error) error {
-	return s.sessions.Use(ctx, orgID, id, func(ses *store.Session) error {
+func (s *Server) useWorkspace(ctx context.Context, p store.Principal, id string, write bool, fn func(ses *store.Session, d *workspace.Dir, set *scrub.Set) error) error {
+	return s.sessions.Use(ctx, p.Org.ID, id, Can(p.Role, PermProjectUpdate), func(ses *store.Session) error {
 		readOnly := false
 		switch {
 		case ses.Status == store.StatusRunning:
@@ -84,6 +84,8 @@ func (s *Server) useWorkspace(ctx context.Context, orgID, id string, write bool,
 			return errdefs.Conflict("session is %s; files can be written only in a running session", ses.Status)
 		case ses.Status == store.StatusStopped || ses.Status == store.StatusFailed:
 			readOnly = true
+		case ses.Status == store.StatusPaused && ses.StatusReason == sandbox.ReasonMemoryPressure:
+			return errdefs.Conflict("session is paused for memory pressure; it resumes on the next request of a member who may drive it (%s)", PermProjectUpdate)
 		default:
 			return errdefs.Conflict("session is %s; files are available while it runs and after teardown", ses.Status)
 		}

@@ -388,7 +388,7 @@ func (s *Server) mcpRead(ctx context.Context, call *mcpCall, id, rel string, art
 	}
 	var res *mcp.CallToolResult
 	var out mcpFileOut
-	err := s.useWorkspace(ctx, call.caller.p.Org.ID, id, false, func(ses *store.Session, d *workspace.Dir, set *scrub.Set) error {
+	err := s.useWorkspace(ctx, call.caller.p, id, false, func(ses *store.Session, d *workspace.Dir, set *scrub.Set) error {
 		shown := set.RedactString(strings.TrimSuffix("/workspace/"+rel, "/"))
 		call.note("path", shown)
 		f, kind, err := d.Open(rel)
@@ -493,7 +493,7 @@ func (s *Server) mcpWriteFile(ctx context.Context, call *mcpCall, in mcpWriteIn)
 		return nil, mcpWriteOut{}, badRequest("encoding: must be utf-8 or base64")
 	}
 	var out mcpWriteOut
-	err = s.useWorkspace(ctx, call.caller.p.Org.ID, in.SessionID, true, func(ses *store.Session, d *workspace.Dir, set *scrub.Set) error {
+	err = s.useWorkspace(ctx, call.caller.p, in.SessionID, true, func(ses *store.Session, d *workspace.Dir, set *scrub.Set) error {
 		call.note("path", set.RedactString(in.Path))
 		e, created, n, err := d.Put(rel, bytes.NewReader(data))
 		if err != nil {
@@ -518,7 +518,7 @@ func (s *Server) mcpListFiles(ctx context.Context, call *mcpCall, in mcpListFile
 		return nil, mcpFilesOut{}, err
 	}
 	var out mcpFilesOut
-	err = s.useWorkspace(ctx, call.caller.p.Org.ID, in.SessionID, false, func(ses *store.Session, d *workspace.Dir, set *scrub.Set) error {
+	err = s.useWorkspace(ctx, call.caller.p, in.SessionID, false, func(ses *store.Session, d *workspace.Dir, set *scrub.Set) error {
 		call.note("path", set.RedactString(in.Path))
 		f, kind, err := d.Open(rel)
 		if err != nil {
@@ -546,7 +546,7 @@ func (s *Server) mcpListArtifacts(ctx context.Context, call *mcpCall, in mcpSess
 		return nil, mcpArtifactsOut{}, err
 	}
 	var out mcpArtifactsOut
-	err := s.useWorkspace(ctx, call.caller.p.Org.ID, in.SessionID, false, func(ses *store.Session, d *workspace.Dir, set *scrub.Set) error {
+	err := s.useWorkspace(ctx, call.caller.p, in.SessionID, false, func(ses *store.Session, d *workspace.Dir, set *scrub.Set) error {
 		list, cut, err := d.Artifacts()
 		if err != nil {
 			return err

@@ -1,9 +1,12 @@
 package server
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
+
+	"sandboxd/store"
 )
 
 // Under memory pressure the monitor pauses an idle sandbox with its memory;
@@ -29,6 +32,23 @@ func TestRealPressurePause(t *testing.T) {
 			t.Fatalf("not paused under pressure: %+v", o)
 		}
 		time.Sleep(500 * time.Millisecond)
+	}
+	// A viewer's look does not resume it (nor draw credits): 409 saying why.
+	p, err := h.s.db.Authenticate(context.Background(), h.token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _, viewer, err := h.s.db.AddMember(context.Background(), p.Org.ID, "mp-viewer", store.RoleViewer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{"/v1/sandbox/mp/files?path=/workspace", "/v1/sandbox/mp/artifacts"} {
+		if code, b := h.call(viewer, "GET", path, nil); code != 409 || !strings.Contains(string(b), "paused for memory pressure") {
+			t.Errorf("viewer's %s: %d %s", path, code, b)
+		}
+	}
+	if o := h.get("mp"); o.Status != "paused" {
+		t.Fatalf("a viewer's read resumed it: %+v", o)
 	}
 	t0 := time.Now()
 	r := h.sh("mp", "cat /tmp/state; pgrep -c -f 'sleep 4321'")

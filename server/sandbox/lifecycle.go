@@ -124,10 +124,11 @@ func (m *Manager) locked(ctx context.Context, orgID, sessionID string) (*store.S
 
 // Use runs fn on a session under its lock, so no teardown, resume or
 // delete runs meanwhile (file access). While fn runs, a running session
-// counts as in use for its idle timeout. A session paused for memory
-// pressure is resumed first.
-func (m *Manager) Use(ctx context.Context, orgID, sessionID string, fn func(ses *store.Session) error) error {
-	if ses, err := m.db.GetSession(ctx, orgID, sessionID); err == nil {
+// counts as in use for its idle timeout. With wake, a session paused for
+// memory pressure is resumed first (a caller who may drive the sandbox;
+// a reader's look does not start it and draw credits).
+func (m *Manager) Use(ctx context.Context, orgID, sessionID string, wake bool, fn func(ses *store.Session) error) error {
+	if ses, err := m.db.GetSession(ctx, orgID, sessionID); err == nil && wake {
 		if err := m.wake(ctx, &ses); err != nil {
 			return err
 		}

@@ -180,7 +180,7 @@ func TestRestoreNeedsTheDiskFloor(t *testing.T) {
 	}
 	f.lost.Store(true)
 	ensure := func() error {
-		return e.m.Use(ctx, e.p.Org.ID, "s", func(ses *store.Session) error { return e.m.EnsureDiskLocked(ctx, ses) })
+		return e.m.Use(ctx, e.p.Org.ID, "s", true, func(ses *store.Session) error { return e.m.EnsureDiskLocked(ctx, ses) })
 	}
 	e.free.Store(int64(e.cfg.Limits.MinFreeDiskMiB)*mib - 1)
 	if err := ensure(); !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "low on disk space") {
