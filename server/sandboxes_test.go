@@ -78,7 +78,7 @@ func TestAPIProvisionValidation(t *testing.T) {
 // budget over the sessions: a provision whose secrets would go over gets a
 // 503 and leaves nothing; when a session is deleted, its share is back.
 func TestAPIProvisionSecretsMemory(t *testing.T) {
-	e := newAPIEnv(t, func(c *config.Config) { c.Limits.MaxSecretsMemoryMiB = 8 })
+	e := newAPIEnv(t, func(c *config.Config) { c.Limits.MaxSecretsMemoryMiB = 10 })
 	secret := func(c byte) string { // about 5 MiB of index each
 		r := rand.New(rand.NewPCG(uint64(c), 1))
 		b := make([]byte, 3072)
@@ -93,7 +93,7 @@ func TestAPIProvisionSecretsMemory(t *testing.T) {
 		t.Errorf("Retry-After %q", ra)
 	}
 	msg := apiError(t, rec, http.StatusServiceUnavailable, "unavailable")
-	if !strings.Contains(msg, "of the 8 MiB it keeps for redacting them") {
+	if !strings.Contains(msg, "of the 10 MiB it keeps for redacting them") {
 		t.Errorf("message %q", msg)
 	}
 	if n := len(e.rt.CallsWith("create")); n != 1 {

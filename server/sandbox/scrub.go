@@ -112,15 +112,17 @@ type scrubEntry struct {
 }
 
 // estimateBytes is about the most a Set's index of these secrets takes:
-// per value the lesser of 3,600 bytes a byte plus 32 KiB and 1,100 bytes
+// per value the lesser of 4,600 bytes a byte plus 32 KiB and 1,600 bytes
 // a byte plus 2.5 MiB (measured: 31 KB for 6 bytes, 220 KB for 64, 2.5 MB
-// for 1 KiB, 16-18 MB for 16 KiB, over random base64, punctuation, control
-// characters and non-ASCII text).
+// for 1 KiB, 16.4 MB for 16 KiB of random base64; up to 4.3 KB a byte
+// for short values and 15 MB for 8.5 KiB, 23 MB for 16 KiB, of random
+// punctuation, control characters and non-ASCII text: at most 0.94 of
+// the estimate).
 func estimateBytes(secrets map[string]string) int {
 	n := 0
 	for _, v := range secrets {
 		if len(v) >= scrub.MinValueLen {
-			n += min(3600*len(v)+32<<10, 1100*len(v)+5<<19)
+			n += min(4600*len(v)+32<<10, 1600*len(v)+5<<19)
 		}
 	}
 	return n

@@ -167,9 +167,9 @@ func TestSecretsEviction(t *testing.T) {
 }
 
 // secretsEnv is a manager whose secrets budget holds one session with a
-// 4 KiB secret (about 5.7 MB of index, 7 MB estimated), not two.
+// 4 KiB secret (about 5.8 MB of index, 9.2 MB estimated), not two.
 func secretsEnv(t *testing.T) *env {
-	return newEnv(t, func(c *config.Config) { c.Limits.MaxSecretsMemoryMiB = 8 })
+	return newEnv(t, func(c *config.Config) { c.Limits.MaxSecretsMemoryMiB = 10 })
 }
 
 func (e *env) provisionSecret(id string, seed uint64) error {

@@ -1,9 +1,10 @@
 // Package sessionlog owns each session's log: its gVisor kernel log (the
 // sandbox kernel's own warnings and unsupported-syscall reports, read from
 // runsc's boot log) and the server's events about it (process start/exit,
-// oom, exit, lifecycle, egress denials), each a JSON object, scrubbed, kept
-// in a bounded ring and streamed to subscribers. Sessions are keyed by
-// their store primary key (pk).
+// oom, exit, lifecycle, egress denials), each a JSON object whose strings
+// are scrubbed before it is encoded (so every entry parses, whatever the
+// secrets), kept in a bounded ring and streamed to subscribers. Sessions
+// are keyed by their store primary key (pk).
 //
 // Events are also persisted (EventStore.AppendEvent: asynchronous, batched,
 // drained when the store closes, at most store.EventsKept per session); the
@@ -162,22 +163,73 @@ func (l *Logs) Service(pk, name, line string) {
 	l.add(pk, Entry{"type": "service", "time": l.now().UTC().Format(time.RFC3339Nano), "service": name, "line": line})
 }
 
-// Add records an entry as it is (tests and the kernel-log tailer).
+// Add records an entry as it is (tests and the kernel-log tailer), its
+// strings scrubbed before it is encoded: scrubbing the encoded line would
+// also redact a secret that matches JSON syntax (`"time":"`) and leave the
+// line unparsable.
 func (l *Logs) add(pk string, e Entry) {
-	b, err := json.Marshal(e)
-	if err != nil {
-		return
-	}
 	set, err := l.scrubber(pk)
 	if err != nil { // fail closed: an entry is never kept unredacted
 		l.log.Warn("session log entry dropped: the session's secrets cannot be read to redact it", "session", pk, "err", err)
 		return
 	}
-	b = set.Redact(b)
+	b, err := json.Marshal(redactValue(set, map[string]any(e)))
+	if err != nil {
+		return
+	}
 	l.get(pk).add(b)
 	if e["type"] == "event" {
 		l.db.AppendEvent(pk, b)
 	}
+}
+
+// redactValue returns v with every string in it (map keys too, nested
+// maps and slices included) scrubbed. A value of another type is
+// scrubbed as its JSON decodes (a struct's fields, a Stringer's text).
+func redactValue(set *scrub.Set, v any) any {
+	switch v := v.(type) {
+	case nil, bool, int, int8, int16, int32, int64, uint, uint8, uint16, uint32, uint64, float32, float64, json.Number:
+		return v
+	case string:
+		return set.RedactString(v)
+	case []string:
+		out := make([]string, len(v))
+		for i, s := range v {
+			out[i] = set.RedactString(s)
+		}
+		return out
+	case []any:
+		out := make([]any, len(v))
+		for i, x := range v {
+			out[i] = redactValue(set, x)
+		}
+		return out
+	case map[string]string:
+		out := make(map[string]string, len(v))
+		for k, s := range v {
+			out[set.RedactString(k)] = set.RedactString(s)
+		}
+		return out
+	case Entry:
+		return redactValue(set, map[string]any(v))
+	case map[string]any:
+		out := make(map[string]any, len(v))
+		for k, x := range v {
+			out[set.RedactString(k)] = redactValue(set, x)
+		}
+		return out
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil
+	}
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.UseNumber()
+	var g any
+	if d.Decode(&g) != nil {
+		return nil
+	}
+	return redactValue(set, g)
 }
 
 // Denied records that the egress proxy refused a connection of a session

@@ -3,12 +3,14 @@ package sessionlog
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"sandboxd/store"
 	"sandboxd/streams/scrub"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -203,5 +205,128 @@ func TestDeniedRateLimited(t *testing.T) {
 	l.Forget("pk")
 	if len(l.m) != 1 {
 		t.Fatalf("Forget left %d sessions", len(l.m))
+	}
+}
+
+// recStore records the events persisted.
+type recStore struct {
+	memStore
+	mu      sync.Mutex
+	entries [][]byte
+}
+
+func (r *recStore) AppendEvent(pk string, entry []byte) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.entries = append(r.entries, entry)
+}
+
+// eachString calls f with every string of a decoded JSON value (keys too).
+func eachString(v any, f func(string)) {
+	switch v := v.(type) {
+	case string:
+		f(v)
+	case []any:
+		for _, x := range v {
+			eachString(x, f)
+		}
+	case map[string]any:
+		for k, x := range v {
+			f(k)
+			eachString(x, f)
+		}
+	}
+}
+
+// A secret that matches JSON syntax (`"time":"` is in every entry) is
+// redacted in the entries' strings, not in their encoding: every entry,
+// in the ring and persisted, stays one JSON object with its type, kind
+// and time, and none of its strings holds a secret; an ordinary secret in
+// a message, nested fields, a struct or a service line is still redacted.
+func TestLogSecretMatchingJSONSyntax(t *testing.T) {
+	secrets := map[string]string{
+		"SYNTAX":    `"time":"`,
+		"SYNTAX2":   `","type":"`,
+		"TOPSECRET": "hunter2-very-secret",
+	}
+	set, err := scrub.NewSet(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if set, err = set.WithValues(secrets); err != nil {
+		t.Fatal(err)
+	}
+	db := &recStore{}
+	l := New(db, func(string) (*scrub.Set, error) { return set, nil }, "/data", slog.New(slog.DiscardHandler))
+	type detail struct {
+		Cause string   `json:"cause"`
+		Args  []string `json:"args"`
+	}
+	l.Event("pk", "process_start", map[string]any{"command": "echo hunter2-very-secret", "cwd": "/work"})
+	l.Event("pk", "process_exit", map[string]any{"exitCode": 0, "meta": map[string]any{
+		"note":  `config {"time":"now"} and hunter2-very-secret`,
+		"list":  []any{"a hunter2-very-secret b", 7, map[string]string{"k": `x","type":"y`}},
+		"args":  []string{"--token=hunter2-very-secret"},
+		"cause": detail{Cause: "bad hunter2-very-secret", Args: []string{`"time":"`}},
+	}})
+	l.Service("pk", "editor", "listening; token hunter2-very-secret")
+	l.add("pk", Entry{"type": "kernel", "time": "t", "line": `W read "time":"x"`})
+	entries := l.Entries("pk")
+	if len(entries) != 4 || len(db.entries) != 2 {
+		t.Fatalf("%d entries, %d persisted", len(entries), len(db.entries))
+	}
+	var all []string
+	for _, b := range append(entries, db.entries...) {
+		var e map[string]any
+		if err := json.Unmarshal(b, &e); err != nil {
+			t.Fatalf("entry %s: %v", b, err)
+		}
+		if _, err := time.Parse(time.RFC3339Nano, e["time"].(string)); err != nil && e["type"] != "kernel" {
+			t.Errorf("entry %s: time: %v", b, err)
+		}
+		if e["type"] == "event" && e["kind"] == nil {
+			t.Errorf("entry %s: no kind", b)
+		}
+		eachString(e, func(s string) {
+			all = append(all, s)
+			for name, v := range secrets {
+				if strings.Contains(s, v) {
+					t.Errorf("entry %s: %s in %q", b, name, s)
+				}
+			}
+		})
+		if strings.Contains(string(b), "hunter2") {
+			t.Errorf("entry %s: not scrubbed", b)
+		}
+	}
+	if got := logKinds(t, entries); strings.Join(got, ",") != "process_start,process_exit,service,kernel" {
+		t.Errorf("kinds %v", got)
+	}
+	joined := strings.Join(all, "\n")
+	for _, want := range []string{
+		"echo [REDACTED:TOPSECRET]",
+		"config {[REDACTED:SYNTAX]now\"} and [REDACTED:TOPSECRET]",
+		"a [REDACTED:TOPSECRET] b",
+		"x[REDACTED:SYNTAX2]y",
+		"--token=[REDACTED:TOPSECRET]",
+		"bad [REDACTED:TOPSECRET]",
+		"listening; token [REDACTED:TOPSECRET]",
+		"W read [REDACTED:SYNTAX]x\"",
+	} {
+		if !strings.Contains(joined, want) {
+			t.Errorf("no %q in the entries' strings:\n%s", want, joined)
+		}
+	}
+}
+
+// A session whose secrets cannot be read logs nothing rather than an
+// entry its scrubber never saw.
+func TestLogFailsClosed(t *testing.T) {
+	db := &recStore{}
+	l := New(db, func(string) (*scrub.Set, error) { return nil, errors.New("database is locked") }, "/data", slog.New(slog.DiscardHandler))
+	l.Event("s1", "exit", map[string]any{"cause": "hunter2-very-secret"})
+	l.Service("s1", "editor", "hunter2-very-secret")
+	if got := l.Entries("s1"); len(got) != 0 || len(db.entries) != 0 {
+		t.Fatalf("entries kept unscrubbed: %q %q", got, db.entries)
 	}
 }

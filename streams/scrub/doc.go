@@ -56,8 +56,9 @@
 // any of their forms: the value in any ASCII case,
 // reversed (by character), hex (any case, also with ':', '-' or '.'
 // between bytes, as %XX, \xNN, \u00NN, 0xNN, lists), decimal byte lists
-// with commas or joined by dots (Perl's %vd), URL query and path escaping, JSON, Go, Python and
-// JavaScript string escapes (also \u{NN}, Rust's escape_unicode), bash's
+// with commas or joined by dots (Perl's %vd), URL query and path escaping
+// (also encodeURIComponent and Python's quote, '/' kept), JSON (also with
+// '/' as \/, as PHP writes it), Go, Python and JavaScript string escapes (also \u{NN}, Rust's escape_unicode), bash's
 // printf %q and single-quote style, UTF-16 (also shown as text:
 // Python's bytes repr, od -c, cat -v), Python's list(k), and base64 (std
 // and URL alphabets, every alignment: the characters whose bits all come

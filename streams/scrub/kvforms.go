@@ -90,8 +90,14 @@ func valueForms(v []byte) []formSpec {
 		}
 		return f
 	}
-	jsonEsc := func(html bool) func(u unit) string {
+	// jsonEsc: a string's body as Go's encoding/json writes it (html:
+	// <, > and & as \u003c...); slash: '/' as \/ as well (PHP's
+	// json_encode, Ruby's script_safe).
+	jsonEsc := func(html, slash bool) func(u unit) string {
 		return func(u unit) string {
+			if slash && string(u.b) == "/" {
+				return `\/`
+			}
 			var sb strings.Builder
 			e := json.NewEncoder(&sb)
 			e.SetEscapeHTML(html)
@@ -119,6 +125,15 @@ func valueForms(v []byte) []formSpec {
 			}
 			return fmt.Sprintf("%%%02X", c)
 		}),
+		// Python's urllib.parse.quote with its default safe='/' (quote_plus
+		// is url-query, and so is quote(safe='') but for spaces); url-js itself
+		// for a value without '/!*'()'
+		perByte("url-python", func(c byte) string {
+			if 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("-_.~/", c) >= 0 {
+				return string([]byte{c})
+			}
+			return fmt.Sprintf("%%%02X", c)
+		}),
 		perShell(v),
 		perByte("shell-single", func(c byte) string {
 			if c == '\'' {
@@ -126,8 +141,11 @@ func valueForms(v []byte) []formSpec {
 			}
 			return string([]byte{c})
 		}),
-		perUnit("json", jsonEsc(true)),
-		perUnit("json-nohtml", jsonEsc(false)),
+		perUnit("json", jsonEsc(true, false)),
+		perUnit("json-nohtml", jsonEsc(false, false)),
+		// json-nohtml itself for a value without '/' (a form's string is
+		// indexed once: newKVIndex)
+		perUnit("json-slash", jsonEsc(false, true)),
 		perUnit("go-quote", func(u unit) string { q := strconv.Quote(string(u.b)); return q[1 : len(q)-1] }),
 		perUnit("utf16", func(u unit) string {
 			if u.r == utf8.RuneError && len(u.b) == 1 {

@@ -16,9 +16,10 @@ const MinValueLen = 6
 
 // MaxValueLen is the longest known value that is registered, and
 // MaxValuesLen the most bytes of values one WithValues call takes: every
-// encoding of a value is indexed (about 70 bytes of forms and 900 bytes
-// of memory per value byte; MemoryBytes), so these bound one Set's index
-// to about 30 MB and its build to about a second.
+// encoding of a value is indexed (about 80 bytes of forms and 1,000 bytes
+// of memory per value byte, up to 1,400 for punctuation and control
+// characters; MemoryBytes), so these bound one Set's index to about 32 MB
+// (45 MB at most) and its build to about a second.
 const (
 	MaxValueLen  = 16 << 10
 	MaxValuesLen = 32 << 10
