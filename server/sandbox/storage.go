@@ -220,14 +220,11 @@ func (m *Manager) syncSandbox(ctx context.Context, ses *store.Session) {
 // the next generation and records it on the row. With live, the sandbox
 // runs: it is synced and frozen first and left frozen (the caller thaws it
 // if the save fails, or destroys it). Older generations stay until
-// dropOldSavesLocked. A quota that would be passed is errdefs.ErrNoSpace.
+// dropOldSavesLocked. A quota that would be passed is errdefs.ErrNoSpace; the caller checks saveFits first.
 // The stats are the pack's (Usage: the disk space of each saved part).
 func (m *Manager) saveLocked(ctx context.Context, ses *store.Session, live bool) (archive.Stats, error) {
 	ctx, cancel := saveContext(ctx)
 	defer cancel()
-	if err := m.saveFits(ses); err != nil {
-		return archive.Stats{}, err
-	}
 	var syncMs, freezeMs int64
 	if live {
 		t0 := time.Now()
@@ -449,6 +446,10 @@ func (m *Manager) finishInterruptedSaveLocked(ctx context.Context, ses *store.Se
 	// A disk with a marker is a clean copy of a save (the recorded one, or
 	// one older than a save made elsewhere): nothing newer to save.
 	if present, sum := m.disks.DiskCache(ses.ContainerID); present && sum == "" {
+		if err := m.saveFits(ses); err != nil {
+			m.log.Error("reconcile: save", "session", ses.SessionID, "err", err)
+			return
+		}
 		if _, err := m.saveLocked(ctx, ses, false); err != nil {
 			m.log.Error("reconcile: save", "session", ses.SessionID, "err", err)
 			return
