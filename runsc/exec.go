@@ -15,7 +15,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -149,17 +148,13 @@ func (r *Runtime) Exec(ctx context.Context, id string, req ExecRequest) (ExecRes
 		return res, fmt.Errorf("agent: %s", ae.Message)
 	}
 	defer p.Close()
-	var copies sync.WaitGroup
-	for _, s := range []struct {
-		dst io.Writer
-		src io.Reader
-	}{{req.Stdout, p.Stdout()}, {req.Stderr, p.Stderr()}} {
-		copies.Add(1)
-		go func() {
-			defer copies.Done()
-			io.Copy(orDiscard(s.dst), s.src)
-		}()
-	}
+	// One goroutine, in the agent's order: a value split between stdout and
+	// stderr reaches the scrubber's merged view as the agent sent it.
+	copied := make(chan struct{})
+	go func() {
+		defer close(copied)
+		copyOutput(p, orDiscard(req.Stdout), orDiscard(req.Stderr))
+	}()
 	if req.Stdin != nil {
 		go func() {
 			io.Copy(p.Stdin(), req.Stdin)
@@ -196,7 +191,7 @@ func (r *Runtime) Exec(ctx context.Context, id string, req ExecRequest) (ExecRes
 		p.Close()
 		w = <-waitc
 	}
-	copies.Wait()
+	<-copied
 	res.Duration = time.Since(start)
 	res.ExitCode = w.exit.Code
 	if n := r.cg.oomKills(id); n > oomBefore {
@@ -385,4 +380,29 @@ func exitCode(err error) int {
 // agent: the portal's way in, which reaches nothing but that loopback.
 func (r *Runtime) DialPort(ctx context.Context, id string, port int) (net.Conn, error) {
 	return r.Agent(id).Dial(ctx, port)
+}
+
+// copyOutput writes p's output to stdout and stderr in the order it came
+// until it ends. A destination that fails is given no more (the rest of
+// its stream is read and dropped, so the other stream is not held up).
+func copyOutput(p *agent.Process, stdout, stderr io.Writer) {
+	dst := [2]io.Writer{stdout, stderr}
+	buf := make([]byte, 32<<10)
+	for {
+		n, isErr, err := p.ReadOutput(buf)
+		if n > 0 {
+			i := 0
+			if isErr {
+				i = 1
+			}
+			if dst[i] != io.Discard {
+				if _, werr := dst[i].Write(buf[:n]); werr != nil {
+					dst[i] = io.Discard
+				}
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
 }

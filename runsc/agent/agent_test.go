@@ -803,3 +803,91 @@ func TestSuspendReattach(t *testing.T) {
 		t.Fatal("attach to an unknown pid")
 	}
 }
+
+// ReadOutput gives both streams in the order the agent sent them, however
+// late it is read; Stdout and Stderr still read one stream each.
+func TestReadOutputOrder(t *testing.T) {
+	needAgent(t)
+	p, err := cl.Start(ctxT(t), bashSpec(`for i in 1 2 3; do printf o$i; sleep 0.05; printf e$i >&2; sleep 0.05; done`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if _, err := p.Wait(); err != nil { // all of it queued before the first read
+		t.Fatal(err)
+	}
+	var got []string
+	buf := make([]byte, 64)
+	for {
+		n, isErr, err := p.ReadOutput(buf)
+		if n > 0 {
+			got = append(got, fmt.Sprintf("%v:%s", isErr, buf[:n]))
+		}
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if want := "false:o1 true:e1 false:o2 true:e2 false:o3 true:e3"; strings.Join(got, " ") != want {
+		t.Fatalf("got %q, want %q", got, want)
+	}
+}
+
+// The ordered buffer: a stream's reader skips the other's chunks, each
+// stream is bounded on its own, and Close wakes a blocked writer.
+func TestOutBuf(t *testing.T) {
+	b := newOutBuf(4)
+	b.write(0, []byte("ab"))
+	b.write(1, []byte("XY"))
+	b.write(0, []byte("cd"))
+	buf := make([]byte, 8)
+	if n, err := (streamReader{b, 1}).Read(buf); err != nil || string(buf[:n]) != "XY" {
+		t.Fatalf("stderr %q %v", buf[:n], err)
+	}
+	full := make(chan struct{})
+	go func() { b.write(0, []byte("e")); close(full) }() // stdout holds 4: waits
+	b.write(1, []byte("Z"))                              // stderr is not held up
+	select {
+	case <-full:
+		t.Fatal("a full stream took more")
+	case <-time.After(50 * time.Millisecond):
+	}
+	var order []string
+	for range 3 {
+		n, tag, err := b.read(-1, buf[:1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		order = append(order, fmt.Sprint(tag, string(buf[:n])))
+	}
+	<-full
+	if strings.Join(order, ",") != "0a,0b,0c" {
+		t.Fatalf("order %v", order)
+	}
+	b.closeWrite(io.EOF)
+	var rest []string
+	for {
+		n, tag, err := b.read(-1, buf)
+		if err != nil {
+			if err != io.EOF {
+				t.Fatal(err)
+			}
+			break
+		}
+		rest = append(rest, fmt.Sprint(tag, string(buf[:n])))
+	}
+	if strings.Join(rest, ",") != "0d,1Z,0e" {
+		t.Fatalf("rest %v", rest)
+	}
+	b2 := newOutBuf(1)
+	b2.write(0, []byte("x"))
+	done := make(chan struct{})
+	go func() { b2.write(0, []byte("y")); close(done) }()
+	b2.closeRead()
+	<-done
+	if _, err := (streamReader{b2, 0}).Read(buf); err != ErrClosed {
+		t.Fatalf("after closeRead: %v", err)
+	}
+}

@@ -75,12 +75,9 @@ func (c *Client) Start(ctx context.Context, s Spec) (*Process, error) {
 	}
 	p := &Process{
 		client: *c, conn: conn, br: br, pid: started.Pid, warm: started.Warm, tty: s.TTY,
-		stdout: newStreamBuf(StreamBuffer), done: make(chan struct{}),
+		out: newOutBuf(StreamBuffer), done: make(chan struct{}),
 	}
 	p.cond.L = &p.mu
-	if !s.TTY {
-		p.stderr = newStreamBuf(StreamBuffer)
-	}
 	if s.Stdin {
 		p.stdin = &stdinWriter{p: p}
 	}
@@ -234,8 +231,7 @@ type Process struct {
 	warm   bool
 	tty    bool
 	stdin  *stdinWriter
-	stdout *streamBuf
-	stderr *streamBuf
+	out    *outBuf // both streams, in the order the agent sent them
 
 	mu     sync.Mutex // guards conn, br, parked and gone; cond signals their change
 	cond   sync.Cond
@@ -269,14 +265,23 @@ func (p *Process) Stdin() io.WriteCloser {
 
 // Stdout returns the process's standard output (with a TTY: all terminal
 // output). It reports io.EOF after the exit status arrived.
-func (p *Process) Stdout() io.Reader { return p.stdout }
+func (p *Process) Stdout() io.Reader { return streamReader{p.out, 0} }
 
 // Stderr returns the process's standard error; nil with a TTY.
 func (p *Process) Stderr() io.Reader {
-	if p.stderr == nil {
+	if p.tty {
 		return nil
 	}
-	return p.stderr
+	return streamReader{p.out, 1}
+}
+
+// ReadOutput reads output of either stream in the order the agent sent it
+// (which Stdout and Stderr, read by two goroutines, lose): stderr reports
+// the stream. It reports io.EOF after the exit status arrived. Use it or
+// the two readers, not both.
+func (p *Process) ReadOutput(b []byte) (n int, stderr bool, err error) {
+	n, tag, err := p.out.read(-1, b)
+	return n, tag == 1, err
 }
 
 // Resize changes the terminal size (TTY only) and signals SIGWINCH.
@@ -312,10 +317,7 @@ func (p *Process) Close() error {
 		p.conn.Close()
 		p.cond.Broadcast()
 		p.mu.Unlock()
-		p.stdout.closeRead()
-		if p.stderr != nil {
-			p.stderr.closeRead()
-		}
+		p.out.closeRead()
 	})
 	<-p.done
 	return nil
@@ -425,10 +427,7 @@ func (p *Process) readLoop() {
 	if end == nil {
 		end = io.EOF
 	}
-	p.stdout.closeWrite(end)
-	if p.stderr != nil {
-		p.stderr.closeWrite(end)
-	}
+	p.out.closeWrite(end)
 }
 
 // awaitReattach waits while the process is parked after connection gen
@@ -459,12 +458,12 @@ func (p *Process) demux(br *bufio.Reader) error {
 		}
 		switch typ {
 		case FrameStdout:
-			p.stdout.write(payload)
+			p.out.write(0, payload)
 		case FrameStderr:
-			if p.stderr != nil {
-				p.stderr.write(payload)
+			if p.tty {
+				p.out.write(0, payload)
 			} else {
-				p.stdout.write(payload)
+				p.out.write(1, payload)
 			}
 		case FrameExit:
 			var st ExitStatus
@@ -507,70 +506,112 @@ func (w *stdinWriter) Close() error {
 	return err
 }
 
-// streamBuf is a bounded FIFO between the reader goroutine (writer side)
-// and the consumer (reader side). write blocks while max bytes are queued.
-type streamBuf struct {
+// outBuf holds both streams' output between the reader goroutine (writer
+// side) and the consumers (reader side): a FIFO of chunks per stream, each
+// chunk numbered in arrival order so that an ordered reader can take the
+// older of the two heads. write blocks while max bytes of its stream are
+// queued.
+type outBuf struct {
 	mu      sync.Mutex
 	cond    sync.Cond
-	data    []byte
+	q       [2][]outChunk // per stream: 0 stdout, 1 stderr
+	queued  [2]int        // bytes per stream
+	seq     uint64
 	max     int
 	werr    error // set when the writer is done: io.EOF or the failure
 	rclosed bool  // consumer gone: writes are dropped
 }
 
-func newStreamBuf(max int) *streamBuf {
-	b := &streamBuf{max: max}
+type outChunk struct {
+	seq uint64
+	b   []byte
+}
+
+func newOutBuf(max int) *outBuf {
+	b := &outBuf{max: max}
 	b.cond.L = &b.mu
 	return b
 }
 
-func (b *streamBuf) write(p []byte) {
+// write queues p (which the buffer then owns) for stream tag.
+func (b *outBuf) write(tag int, p []byte) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	for len(b.data) >= b.max && !b.rclosed {
+	for b.queued[tag] >= b.max && !b.rclosed {
 		b.cond.Wait()
 	}
-	if b.rclosed {
+	if b.rclosed || len(p) == 0 {
 		return
 	}
-	b.data = append(b.data, p...)
+	b.seq++
+	b.q[tag] = append(b.q[tag], outChunk{b.seq, p})
+	b.queued[tag] += len(p)
 	b.cond.Broadcast()
 }
 
-func (b *streamBuf) closeWrite(err error) {
+func (b *outBuf) closeWrite(err error) {
 	b.mu.Lock()
 	b.werr = err
 	b.cond.Broadcast()
 	b.mu.Unlock()
 }
 
-func (b *streamBuf) closeRead() {
+func (b *outBuf) closeRead() {
 	b.mu.Lock()
 	b.rclosed = true
-	b.data = nil
+	b.q, b.queued = [2][]outChunk{}, [2]int{}
 	b.cond.Broadcast()
 	b.mu.Unlock()
 }
 
-func (b *streamBuf) Read(p []byte) (int, error) {
+// read reads from the head chunk of stream tag, or (tag -1) from the
+// older head of the two; it returns the stream read.
+func (b *outBuf) read(tag int, p []byte) (int, int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	for len(b.data) == 0 && b.werr == nil && !b.rclosed {
+	for {
+		t := tag
+		if t < 0 {
+			switch {
+			case len(b.q[0]) > 0 && (len(b.q[1]) == 0 || b.q[0][0].seq < b.q[1][0].seq):
+				t = 0
+			case len(b.q[1]) > 0:
+				t = 1
+			}
+		}
+		if t >= 0 && len(b.q[t]) > 0 {
+			c := &b.q[t][0]
+			n := copy(p, c.b)
+			c.b = c.b[n:]
+			b.queued[t] -= n
+			if len(c.b) == 0 {
+				b.q[t] = b.q[t][1:]
+				if len(b.q[t]) == 0 {
+					b.q[t] = nil
+				}
+			}
+			b.cond.Broadcast()
+			return n, t, nil
+		}
+		if b.rclosed {
+			return 0, t, ErrClosed
+		}
+		if b.werr != nil {
+			return 0, t, b.werr
+		}
 		b.cond.Wait()
 	}
-	if len(b.data) > 0 {
-		n := copy(p, b.data)
-		b.data = b.data[n:]
-		if len(b.data) == 0 {
-			b.data = nil
-		}
-		b.cond.Broadcast()
-		return n, nil
-	}
-	if b.rclosed {
-		return 0, ErrClosed
-	}
-	return 0, b.werr
+}
+
+// streamReader reads one stream of an outBuf.
+type streamReader struct {
+	b   *outBuf
+	tag int
+}
+
+func (r streamReader) Read(p []byte) (int, error) {
+	n, _, err := r.b.read(r.tag, p)
+	return n, err
 }
 
 // Dial connects to 127.0.0.1:port inside the sandbox through the agent. The

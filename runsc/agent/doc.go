@@ -173,8 +173,11 @@
 //
 // Client is safe for concurrent use; every call dials its own connection.
 // A Process has one reader goroutine that demultiplexes frames into two
-// bounded buffers (StreamBuffer bytes each) for stdout and stderr: if the
+// bounded queues (StreamBuffer bytes each) for stdout and stderr: if the
 // consumer of one stream stops reading, the whole connection blocks once
-// that buffer is full (including the other stream and the exit status), so
+// that queue is full (including the other stream and the exit status), so
 // read both streams (or neither, for small outputs) concurrently with Wait.
+// ReadOutput reads both in the order the frames came, which two readers
+// lose (the scrubber's merged view of a value split between the streams
+// needs it).
 package agent
