@@ -68,6 +68,8 @@ var scrubShellForms = []shellForm{
 	{"base64url after 1 byte", `printf %s "x$S" | basenc --base64url -w0; echo`, true},
 	{"base64url after 2 bytes | fold -w5", `printf %s "xy$S" | basenc --base64url -w0 | fold -w5; echo`, true},
 	{"url quote", `python3 -c 'import os, urllib.parse as u; print(u.quote(os.environ["S"], safe=""))'`, true},
+	{"url quote (safe '/')", `python3 -c 'import os, urllib.parse as u; print(u.quote(os.environ["S"]))'`, true},
+	{"json with \\/", `python3 -c 'import os, json; print(json.dumps({"k": os.environ["S"]}).replace("/", "\\/"))'`, true},
 	{"url quote_plus", `python3 -c 'import os, urllib.parse as u; print(u.quote_plus(os.environ["S"]))'`, true},
 	{"json", `python3 -c 'import os, json; print(json.dumps({"k": os.environ["S"]}))'`, true},
 	{"printf %q", `printf '%q\n' "$S"`, true},
@@ -148,10 +150,13 @@ func scrubCommand(f shellForm, sec leakSecret) string {
 // scrubBatch prints f for each secret in turn, each followed by a mark on
 // both streams (one exec per form instead of one per secret: an exec costs
 // about half a second here). A mark breaks any run: no secret has < or >.
+// The pause after the marks keeps the stderr mark from coming after the
+// next secret's first piece on stdout (between its pieces in the merged
+// view, which docs/SECURITY.md leaves out of reach).
 func scrubBatch(f shellForm, secrets []leakSecret) string {
 	var b strings.Builder
 	for i, sec := range secrets {
-		fmt.Fprintf(&b, "%s; s=$?; printf '\\n<<%d>>\\n'; printf '\\n<<%d>>\\n' >&2; [ $s = 0 ] || exit $s\n", scrubCommand(f, sec), i, i)
+		fmt.Fprintf(&b, "%s; s=$?; printf '\\n<<%d>>\\n'; printf '\\n<<%d>>\\n' >&2; [ $s = 0 ] || exit $s; sleep 0.1\n", scrubCommand(f, sec), i, i)
 	}
 	return b.String()
 }

@@ -122,6 +122,16 @@ func bashQuotePieces(v string) []string {
 	return out
 }
 
+// urlPieces is percent-encoding that keeps letters, digits and safe.
+func urlPieces(safe string) func(string) []string {
+	return perByte(func(c byte) string {
+		if isAlnum(c) || strings.IndexByte(safe, c) >= 0 {
+			return string(c)
+		}
+		return fmt.Sprintf("%%%02x", c)
+	})
+}
+
 // leakForms are the encodings looked for in every output (besides base64,
 // see base64Windows). Case, UTF-16, separators, SGR codes, splits, JSON and
 // repr of these values all normalise to "raw".
@@ -141,18 +151,17 @@ var leakForms = []pieceForm{
 	{`\u{NN}`, perByte(func(c byte) string { return fmt.Sprintf(`\u{%x}`, c) }), ""},
 	{"dotted decimal", perByte(func(c byte) string { return fmt.Sprint(c) }), "."},
 	// Python's quote(safe=''), Go's QueryEscape.
-	{"url", perByte(func(c byte) string {
-		if isAlnum(c) || strings.IndexByte("-_.~", c) >= 0 {
-			return string(c)
-		}
-		return fmt.Sprintf("%%%02x", c)
-	}), ""},
+	{"url", urlPieces("-_.~"), ""},
 	// JavaScript's encodeURIComponent.
-	{"url-js", perByte(func(c byte) string {
-		if isAlnum(c) || strings.IndexByte("-_.!~*'()", c) >= 0 {
-			return string(c)
+	{"url-js", urlPieces("-_.!~*'()"), ""},
+	// Python's quote with its default safe='/'.
+	{"url-python", urlPieces("-_.~/"), ""},
+	// JSON with '/' escaped (PHP's json_encode, Java's org.json).
+	{"json-slash", perByte(func(c byte) string {
+		if c == '/' {
+			return `\/`
 		}
-		return fmt.Sprintf("%%%02x", c)
+		return string(c)
 	}), ""},
 	{"printf %q", bashQuotePieces, ""},
 	{"python list", perByte(func(c byte) string { return "'" + string(c) + "'" }), ","},
@@ -423,6 +432,8 @@ func goForms(v string) map[string]string {
 		"url":          url.QueryEscape(v),
 		"url-js":       strings.NewReplacer("%21", "!", "%2A", "*", "%27", "'", "%28", "(", "%29", ")").Replace(url.QueryEscape(v)),
 		"json":         `"` + v + `"`,
+		"json-slash":   `"` + strings.ReplaceAll(v, "/", `\/`) + `"`,
+		"url-python":   strings.ReplaceAll(strings.ReplaceAll(url.QueryEscape(v), "%2F", "/"), "+", "%20"),
 		"printf %q":    strings.Join(bashQuotePieces(v), ""),
 		"python list":  "['" + joinBytes(v, "', '") + "']",
 		"utf-16le":     utf16(v, false),
@@ -456,7 +467,8 @@ func swapCase(c byte) string {
 	return string(c)
 }
 
-var testPunct = "!@#%^&*()-_=+"
+// '/' is kept raw by Python's quote and escaped as \/ by some JSON encoders.
+var testPunct = "!@#%^&*()-_=+/"
 
 func TestLeakThreshold(t *testing.T) {
 	for n, k := range map[int]int{6: 6, 7: 7, 8: 8, 10: 8, 15: 8, 16: 8, 17: 9, 23: 12, 24: 12, 40: 12, 4096: 12} {
