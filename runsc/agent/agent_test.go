@@ -808,7 +808,7 @@ func TestSuspendReattach(t *testing.T) {
 // late it is read; Stdout and Stderr still read one stream each.
 func TestReadOutputOrder(t *testing.T) {
 	needAgent(t)
-	p, err := cl.Start(ctxT(t), bashSpec(`for i in 1 2 3; do printf o$i; sleep 0.05; printf e$i >&2; sleep 0.05; done`))
+	p, err := cl.Start(ctxT(t), bashSpec(`for i in 1 2 3; do printf o$i; sleep 0.2; printf e$i >&2; sleep 0.2; done`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -836,7 +836,8 @@ func TestReadOutputOrder(t *testing.T) {
 }
 
 // The ordered buffer: a stream's reader skips the other's chunks, each
-// stream is bounded on its own, and Close wakes a blocked writer.
+// stream is bounded on its own, frames in a row of one stream share a
+// chunk, and Close wakes a blocked writer.
 func TestOutBuf(t *testing.T) {
 	b := newOutBuf(4)
 	b.write(0, []byte("ab"))
@@ -880,6 +881,14 @@ func TestOutBuf(t *testing.T) {
 	}
 	if strings.Join(rest, ",") != "0d,1Z,0e" {
 		t.Fatalf("rest %v", rest)
+	}
+	// Frames in a row of one stream join one chunk.
+	b3 := newOutBuf(1 << 10)
+	for range 100 {
+		b3.write(1, []byte("x"))
+	}
+	if len(b3.q[1]) != 1 || b3.queued[1] != 100 {
+		t.Fatalf("%d chunks, %d bytes", len(b3.q[1]), b3.queued[1])
 	}
 	b2 := newOutBuf(1)
 	b2.write(0, []byte("x"))

@@ -543,8 +543,14 @@ func (b *outBuf) write(tag int, p []byte) {
 	if b.rclosed || len(p) == 0 {
 		return
 	}
-	b.seq++
-	b.q[tag] = append(b.q[tag], outChunk{b.seq, p})
+	// A frame right after one of the same stream joins it: a flood of
+	// one-byte frames costs its bytes, not a chunk each.
+	if q := b.q[tag]; len(q) > 0 && q[len(q)-1].seq == b.seq {
+		q[len(q)-1].b = append(q[len(q)-1].b, p...)
+	} else {
+		b.seq++
+		b.q[tag] = append(q, outChunk{b.seq, p})
+	}
 	b.queued[tag] += len(p)
 	b.cond.Broadcast()
 }
@@ -585,6 +591,7 @@ func (b *outBuf) read(tag int, p []byte) (int, int, error) {
 			c.b = c.b[n:]
 			b.queued[t] -= n
 			if len(c.b) == 0 {
+				*c = outChunk{} // the backing array outlives the entry
 				b.q[t] = b.q[t][1:]
 				if len(b.q[t]) == 0 {
 					b.q[t] = nil

@@ -118,12 +118,6 @@ func readControl(w *streams.WSConn, tty bool, stdin func([]byte) error, p runsc.
 	}
 }
 
-// orderedOutput is a process whose two streams can be read in the order
-// they came (*agent.Process).
-type orderedOutput interface {
-	ReadOutput(b []byte) (n int, stderr bool, err error)
-}
-
 // ServeExec runs one command without a PTY on a socket: frames prefixed by
 // 1 (stdout) or 2 (stderr), scrubbed as a scrub.Pair, then the
 // exit event. Backpressure instead of dropping: a big burst arrives
@@ -149,29 +143,13 @@ func ServeExec(w *streams.WSConn, p runsc.Process, set *scrub.Set) {
 	}
 	chunks := make(chan chunk, 16)
 	var wg sync.WaitGroup
-	// One reader in the agent's order where the process keeps it (two
-	// readers would race each other), else one per stream.
-	var readers []func([]byte) (int, int, error)
-	if o, ok := p.(orderedOutput); ok {
-		readers = append(readers, func(b []byte) (int, int, error) {
-			n, isErr, err := o.ReadOutput(b)
-			if isErr {
-				return n, 1, err
-			}
-			return n, 0, err
-		})
-	} else {
-		for tag, src := range []io.Reader{p.Stdout(), p.Stderr()} {
-			readers = append(readers, func(b []byte) (int, int, error) { n, err := src.Read(b); return n, tag, err })
-		}
-	}
-	for _, read := range readers {
+	for tag, src := range []io.Reader{p.Stdout(), p.Stderr()} {
 		wg.Add(1)
-		go func() { // ends with its output (Close ends it early)
+		go func() { // ends with the stream (Close ends it early)
 			defer wg.Done()
 			for {
 				buf := make([]byte, 32<<10)
-				n, tag, err := read(buf)
+				n, err := src.Read(buf)
 				if n > 0 {
 					chunks <- chunk{tag, buf[:n]}
 				}
